@@ -1,0 +1,30 @@
+# `make demo` and `make test` set up .venv (once; reruns reuse it) and run.
+# TORCH picks the torch build: the default is the CPU wheel this project is
+# tested with; on a GPU machine use e.g. `make test TORCH=torch`.
+PYTHON ?= python3
+VENV ?= .venv
+TORCH ?= torch==2.13.0
+BIN := $(VENV)/bin
+
+.PHONY: setup test demo bench clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet "$(TORCH)"
+	$(BIN)/pip install --quiet -e ".[test]"
+	touch $@
+
+test: setup
+	$(BIN)/python -m pytest -q tests
+
+demo: setup
+	$(BIN)/python -m fairseq_feedback.demo --out demo
+
+bench: setup
+	$(BIN)/feedback-benchmark
+
+clean:
+	rm -rf $(VENV) demo

@@ -1,0 +1,44 @@
+"""Options of the feedback decoder, shared by the translation model and the LM."""
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from fairseq.dataclass import FairseqDataclass
+
+
+@dataclass
+class FeedbackConfig(FairseqDataclass):
+    memory_span: int = field(
+        default=1024,
+        metadata={"help": "how many past memory vectors each step attends to (the paper's attention span)"},
+    )
+    per_layer_kv: bool = field(
+        default=False,
+        metadata={"help": "give each layer its own key/value projection of the memory "
+                          "(default: one projection shared by all layers, the paper's fast variant)"},
+    )
+    head_dim: Optional[int] = field(
+        default=None,
+        metadata={"help": "dimension of each memory-attention head (default: embed dim / heads)"},
+    )
+    relative_positions: bool = field(
+        default=False,
+        metadata={"help": "add learned key-side relative position embeddings over the span, "
+                          "shared by all layers and heads (the paper's language models)"},
+    )
+
+
+def check_feedback_args(args) -> None:
+    """One-line errors for option values the decoder cannot use."""
+    if args.memory_span < 1:
+        raise ValueError(f"--memory-span must be at least 1, got {args.memory_span}")
+    heads, embed_dim = args.decoder_attention_heads, args.decoder_embed_dim
+    if heads < 1 or embed_dim % heads and not args.head_dim:
+        raise ValueError(
+            f"--decoder-embed-dim {embed_dim} is not divisible by --decoder-attention-heads {heads}; "
+            "change one, or set --head-dim"
+        )
+    if args.head_dim is not None and args.head_dim < 1:
+        raise ValueError(f"--head-dim must be at least 1, got {args.head_dim}")
+    if getattr(args, "checkpoint_activations", False):
+        raise ValueError("--checkpoint-activations is not supported by the feedback decoder; drop the flag")

@@ -1,0 +1,74 @@
+"""A sequence-to-sequence model whose decoder is a Feedback Transformer.
+
+The encoder is fairseq's TransformerEncoder, unchanged; so are embeddings,
+output projection and everything TransformerModel offers around them. Only the
+decoder is feedback, as in the paper's translation and summarization runs.
+"""
+
+from fairseq.dataclass.utils import gen_parser_from_dataclass
+from fairseq.models import register_model, register_model_architecture
+from fairseq.models.transformer import (
+    TransformerModel,
+    base_architecture,
+    transformer_iwslt_de_en,
+    transformer_vaswani_wmt_en_de_big,
+)
+
+from .feedback_config import FeedbackConfig, check_feedback_args
+from .feedback_decoder import FeedbackDecoder
+
+
+@register_model("feedback_transformer")
+class FeedbackTransformerModel(TransformerModel):
+    @classmethod
+    def hub_models(cls):
+        return {}
+
+    @classmethod
+    def add_args(cls, parser):
+        super().add_args(parser)
+        # defaults come from the architectures, as for the transformer's options
+        gen_parser_from_dataclass(parser, FeedbackConfig(), delete_default=True)
+
+    @classmethod
+    def build_model(cls, args, task):
+        feedback_defaults(args)  # a checkpoint from before an option existed gets its default
+        check_feedback_args(args)
+        return super().build_model(args, task)
+
+    @classmethod
+    def build_decoder(cls, cfg, tgt_dict, embed_tokens):
+        return FeedbackDecoder(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
+
+
+def feedback_defaults(args):
+    for name, value in vars(FeedbackConfig()).items():
+        if getattr(args, name, None) is None:
+            setattr(args, name, value)
+
+
+# Sizes of the paper's Table 8, on fairseq's transformer architectures of those
+# sizes; dropout 0.3 in all three. Options set before these run are kept.
+
+
+def _paper_seq2seq_defaults(args):
+    feedback_defaults(args)
+    args.dropout = getattr(args, "dropout", 0.3)
+
+
+@register_model_architecture("feedback_transformer", "feedback_transformer")
+def feedback_transformer(args):
+    _paper_seq2seq_defaults(args)
+    base_architecture(args)
+
+
+@register_model_architecture("feedback_transformer", "feedback_transformer_iwslt_de_en")
+def feedback_transformer_iwslt_de_en(args):
+    _paper_seq2seq_defaults(args)
+    transformer_iwslt_de_en(args)
+
+
+@register_model_architecture("feedback_transformer", "feedback_transformer_wmt_en_de_big")
+def feedback_transformer_wmt_en_de_big(args):
+    _paper_seq2seq_defaults(args)
+    transformer_vaswani_wmt_en_de_big(args)

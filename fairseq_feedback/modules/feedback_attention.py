@@ -1,0 +1,65 @@
+"""Attention of one decoding step over keys and values projected beforehand.
+
+The step loop cannot batch over time, so everything that does not depend on
+the current step (key/value projections of the memory and of the encoder
+output, position tables, masks) is prepared outside it. What is left per step
+is a query projection, one fused attention call and an output projection.
+"""
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from fairseq.modules.quant_noise import quant_noise
+from torch import Tensor, nn
+
+
+def attend_one_step(
+    x: Tensor,
+    q_proj: nn.Module,
+    out_proj: nn.Module,
+    keys: Tensor,
+    values: Tensor,
+    bias: Optional[Tensor] = None,
+    key_positions: Optional[Tensor] = None,
+    dropout_p: float = 0.0,
+) -> Tensor:
+    """softmax(q.k / sqrt(d_head) + q.p / sqrt(d_head) + bias) v for queries `x`
+    ([batch, embed]) over `keys`/`values` ([batch, heads, keys, head_dim]).
+
+    `key_positions` ([keys, head_dim]) are key-side relative position
+    embeddings shared by all heads (Shaw et al. 2018, as the paper's LMs use).
+    `bias` is added to the scores; -inf masks a key.
+    """
+    batch, heads, _, head_dim = keys.shape
+    q = q_proj(x).view(batch, heads, 1, head_dim)
+    if key_positions is not None:
+        position_scores = torch.matmul(q, key_positions.t()) * head_dim**-0.5
+        bias = position_scores if bias is None else position_scores + bias
+    out = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias, dropout_p=dropout_p)
+    return out_proj(out.view(batch, heads * head_dim))
+
+
+class FeedbackAttention(nn.Module):
+    """Query and output projections of the attention over the feedback memory.
+
+    The memory's keys and values are not projected here: they are projected
+    once per memory vector for all layers (FeedbackMemory), which is what makes
+    the feedback decoder cheap per token.
+    """
+
+    def __init__(self, embed_dim, num_heads, head_dim, dropout=0.0, q_noise=0.0, qn_block_size=8):
+        super().__init__()
+        self.num_heads, self.head_dim, self.dropout = num_heads, head_dim, dropout
+        self.q_proj = quant_noise(nn.Linear(embed_dim, num_heads * head_dim), q_noise, qn_block_size)
+        self.out_proj = quant_noise(nn.Linear(num_heads * head_dim, embed_dim), q_noise, qn_block_size)
+        # fairseq's MultiheadAttention initialisation, so the decoders start alike
+        nn.init.xavier_uniform_(self.q_proj.weight, gain=2**-0.5)
+        nn.init.xavier_uniform_(self.out_proj.weight)
+        nn.init.constant_(self.out_proj.bias, 0.0)
+
+    def forward(self, x, keys, values, bias=None, key_positions=None):
+        return attend_one_step(
+            x, self.q_proj, self.out_proj, keys, values, bias, key_positions,
+            self.dropout if self.training else 0.0,
+        )

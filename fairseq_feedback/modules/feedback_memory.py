@@ -1,0 +1,59 @@
+"""The feedback memory: one vector per step, shared by all layers.
+
+    m_t = sum_{l=0..L} softmax(w)_l x_t^l                      (paper, eq. 1)
+    k_t = W_k m_t,  v_t = W_v m_t                              (section 3.3)
+
+x_t^0 is the embedded token and x_t^l the output of layer l, taken before the
+final layer norm. With shared keys and values (the paper's fast variant) one
+projection serves every layer; with per-layer keys and values each layer has
+its own, but all are still computed once per memory vector, in one matmul.
+"""
+
+from typing import List
+
+import torch
+import torch.nn.functional as F
+from fairseq.modules import LayerNorm
+from torch import Tensor, nn
+
+
+class FeedbackMemory(nn.Module):
+    def __init__(self, embed_dim, num_layers, num_heads, head_dim, shared_kv=True, normalize_before=False):
+        super().__init__()
+        self.num_layers, self.num_heads, self.head_dim = num_layers, num_heads, head_dim
+        self.shared_kv = shared_kv
+        # w of eq. 1; zeros start from the uniform average, as the official code does
+        self.layer_weights = nn.Parameter(torch.zeros(num_layers + 1))
+        # pre-norm layers normalise what they attend to; the memory is a mix of
+        # un-normalised residual streams, so it gets a norm of its own
+        self.layer_norm = LayerNorm(embed_dim) if normalize_before else None
+        self.planes = 2 if shared_kv else 2 * num_layers  # key and value per projection
+        self.kv_proj = nn.Linear(embed_dim, self.planes * num_heads * head_dim)
+        nn.init.xavier_uniform_(self.kv_proj.weight, gain=2**-0.5)
+
+    def mixing_weights(self, active_layers: List[int]) -> Tensor:
+        """softmax(w) over [x^0, output of each active layer]. A layer skipped
+        by LayerDrop passes its input on unchanged, so its weight goes to the
+        output of the last active layer below it."""
+        owner, seen = [0], 0
+        for layer in range(self.num_layers):
+            seen += layer in active_layers
+            owner.append(seen)
+        weights = F.softmax(self.layer_weights, dim=0)
+        owner = torch.tensor(owner, device=weights.device)
+        return weights.new_zeros(len(active_layers) + 1).index_add(0, owner, weights)
+
+    def project(self, memory: Tensor) -> Tensor:
+        """[slots, batch, embed] -> keys and values [slots, planes, batch, heads, head_dim]."""
+        if self.layer_norm is not None:
+            memory = self.layer_norm(memory)
+        slots, batch, _ = memory.shape
+        kv = self.kv_proj(memory).view(slots, batch, self.planes, self.num_heads, self.head_dim)
+        return kv.transpose(1, 2)
+
+    def keys_values(self, window: Tensor):
+        """Per layer, the keys and values it reads from a window [slots, planes,
+        batch, heads, head_dim], as [batch, heads, slots, head_dim] views."""
+        planes = window.permute(1, 2, 3, 0, 4).unbind(0)
+        pairs = [(planes[p], planes[p + 1]) for p in range(0, self.planes, 2)]
+        return pairs * self.num_layers if self.shared_kv else pairs

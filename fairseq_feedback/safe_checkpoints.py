@@ -1,0 +1,48 @@
+"""Let fairseq's checkpoints load under torch >= 2.6 without running code.
+
+torch.load now defaults to weights_only=True, which refuses every class not on
+an allowlist, and fairseq's loader passes no `weights_only`. Rather than turn
+the check off (weights_only=False lets a checkpoint run arbitrary code), we
+allowlist exactly the plain-data classes fairseq writes into checkpoints:
+- argparse.Namespace: the options of models registered through argparse;
+- numpy arrays, dtypes and scalars: metrics such as best BLEU in the
+  checkpoint's training state;
+- omegaconf containers and fairseq's tensor placeholder: what distributed
+  training and resuming store.
+Everything else is still refused. A --user-dir plugin is imported before any
+checkpoint is read, so doing this at import time covers every fairseq CLI.
+"""
+
+import argparse
+import collections
+import typing
+
+import numpy as np
+import torch
+
+try:  # numpy >= 2
+    from numpy._core.multiarray import _reconstruct, scalar
+except ImportError:
+    from numpy.core.multiarray import _reconstruct, scalar
+
+
+def fairseq_checkpoint_globals():
+    from fairseq.distributed.utils import _TensorPlaceholder
+    from omegaconf import DictConfig, ListConfig
+    from omegaconf.base import ContainerMetadata, Metadata
+    from omegaconf.nodes import AnyNode
+
+    numpy_types = [np.ndarray, np.dtype, _reconstruct, scalar]
+    numpy_types += [type(np.dtype(t)) for t in (np.int64, np.float64, np.float32)]
+    return [
+        argparse.Namespace,
+        *numpy_types,
+        DictConfig, ListConfig, ContainerMetadata, Metadata, AnyNode, typing.Any,
+        _TensorPlaceholder,
+        collections.defaultdict, dict, list, int,
+    ]
+
+
+def allow_fairseq_checkpoints() -> None:
+    if hasattr(torch.serialization, "add_safe_globals"):  # torch >= 2.4
+        torch.serialization.add_safe_globals(fairseq_checkpoint_globals())

@@ -1,0 +1,31 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="fairseq-feedback",
+    version="0.1.0",
+    description="Feedback Transformer (Fan et al. 2020) for fairseq: translation, summarization and language models",
+    long_description=open("README.md").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.8",
+    packages=find_packages(include=["fairseq_feedback", "fairseq_feedback.*", "data_prep"]),
+    install_requires=[
+        # the official fairseq 0.12.2 does not import on Python >= 3.11; fairseq-fixed
+        # is fairseq main with that fix, and imports as `fairseq`
+        'fairseq-fixed==0.12.3.1; python_version >= "3.11"',
+        'fairseq==0.12.2; python_version < "3.11"',
+        "torch>=1.13",
+        # fairseq still calls np.compat.long (TokenBlockDataset, LanguagePairDataset), removed in numpy 2
+        "numpy<2",
+        "sacrebleu>=2.0",
+        "sacremoses",
+        "sentencepiece",
+        "subword-nmt",
+        "matplotlib",
+    ],
+    extras_require={"test": ["pytest"]},
+    entry_points={
+        "console_scripts": [
+            "feedback-benchmark = fairseq_feedback.benchmark:main",
+        ],
+    },
+)
