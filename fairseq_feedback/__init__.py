@@ -1,7 +1,9 @@
 """Feedback Transformer for fairseq: `--user-dir` plugin or `import fairseq_feedback`."""
 
+from .errors import install_excepthook
 from .safe_checkpoints import allow_fairseq_checkpoints
 
 allow_fairseq_checkpoints()
+install_excepthook()
 
 from . import models  # noqa: E402  (registers the models)

@@ -5,6 +5,8 @@ from typing import Optional
 
 from fairseq.dataclass import FairseqDataclass
 
+from ..errors import FeedbackUsageError
+
 
 @dataclass
 class FeedbackConfig(FairseqDataclass):
@@ -31,14 +33,27 @@ class FeedbackConfig(FairseqDataclass):
 def check_feedback_args(args) -> None:
     """One-line errors for option values the decoder cannot use."""
     if args.memory_span < 1:
-        raise ValueError(f"--memory-span must be at least 1, got {args.memory_span}")
+        raise FeedbackUsageError(f"--memory-span must be at least 1, got {args.memory_span}")
     heads, embed_dim = args.decoder_attention_heads, args.decoder_embed_dim
     if heads < 1 or embed_dim % heads and not args.head_dim:
-        raise ValueError(
+        raise FeedbackUsageError(
             f"--decoder-embed-dim {embed_dim} is not divisible by --decoder-attention-heads {heads}; "
             "change one, or set --head-dim"
         )
     if args.head_dim is not None and args.head_dim < 1:
-        raise ValueError(f"--head-dim must be at least 1, got {args.head_dim}")
+        raise FeedbackUsageError(f"--head-dim must be at least 1, got {args.head_dim}")
     if getattr(args, "checkpoint_activations", False):
-        raise ValueError("--checkpoint-activations is not supported by the feedback decoder; drop the flag")
+        raise FeedbackUsageError("--checkpoint-activations is not supported by the feedback decoder; drop the flag")
+
+
+def check_dictionary_sizes(model, state_dict) -> None:
+    """A checkpoint read with other dictionaries fails in load_state_dict with
+    a wall of size mismatches; say what is wrong instead."""
+    own = model.state_dict()
+    for name in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "decoder.output_projection.weight"):
+        if name in state_dict and name in own and state_dict[name].size(0) != own[name].size(0):
+            side = "source" if name.startswith("encoder") else "target"
+            raise FeedbackUsageError(
+                f"the checkpoint's {side} dictionary has {state_dict[name].size(0)} symbols but the data's has "
+                f"{own[name].size(0)}: use the data directory (dict.*.txt) the model was trained with"
+            )

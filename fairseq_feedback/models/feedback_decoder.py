@@ -85,12 +85,12 @@ class FeedbackDecoder(TransformerDecoderBase):
             kv = self.memory.project(x.new_zeros(1, batch, self.embed_dim))
             memory = KeyValueBuffer.empty(1 + steps + room, like=kv)
             window = memory.append(kv, self.span)
-            encoder_kv = self._encoder_keys_values(encoder_out)
+            encoder_kv = self._encoder_keys_values(encoder_out, self._sentence_rows(incremental_state, encoder_out))
         else:
             memory = KeyValueBuffer(state["memory"], int(state["length"]))
             window = memory.window(self.span)
             encoder_kv = state["encoder_kv"]
-        encoder_bias = self._encoder_attention_mask(encoder_out)
+        encoder_bias = self._encoder_attention_mask(encoder_out, encoder_kv)
 
         layers = list(self.layers)  # in training, LayerDrop leaves some out here
         active = [i for i in range(self.num_layers) if self.layers[i] in layers]
@@ -127,27 +127,51 @@ class FeedbackDecoder(TransformerDecoderBase):
             x = self.project_out_dim(x)
         return x, {"attn": [None], "inner_states": [x]}
 
-    def _encoder_keys_values(self, encoder_out) -> Optional[Tensor]:
+    def set_beam_size(self, beam_size):
+        super().set_beam_size(beam_size)
+        self.beam_size = beam_size
+
+    def _sentence_rows(self, incremental_state, encoder_out) -> slice:
+        """Beam search lays out each sentence's hypotheses as consecutive rows
+        with the same source: its encoder keys/values are needed once. The beam
+        size outlives the search that set it, so the layout is checked."""
+        beam = getattr(self, "beam_size", 1)
+        if incremental_state is None or beam == 1 or encoder_out is None or not encoder_out["encoder_out"]:
+            return slice(None)
+        enc = encoder_out["encoder_out"][0]
+        src_len, rows, dim = enc.shape
+        grouped = rows % beam == 0 and bool((enc.view(src_len, -1, beam, dim) == enc[:, ::beam, None]).all())
+        return slice(None, None, beam) if grouped else slice(None)
+
+    def _encoder_keys_values(self, encoder_out, sentence_rows: slice) -> Optional[Tensor]:
         """Keys and values of the encoder output for every layer, projected once
         per sentence: [layers, 2, batch, heads, src_len, head_dim]."""
         if encoder_out is None or len(encoder_out["encoder_out"]) == 0 or self.layers[0].encoder_attn is None:
             return None
-        enc = encoder_out["encoder_out"][0]
+        enc = encoder_out["encoder_out"][0][:, sentence_rows]
         return torch.stack([self.layers[i].encoder_keys_values(enc) for i in range(self.num_layers)])
 
     @staticmethod
-    def _encoder_attention_mask(encoder_out) -> Optional[Tensor]:
-        if encoder_out is None or len(encoder_out.get("encoder_padding_mask", [])) == 0:
+    def _encoder_attention_mask(encoder_out, encoder_kv) -> Optional[Tensor]:
+        if encoder_kv is None or len(encoder_out.get("encoder_padding_mask", [])) == 0:
             return None
         padding = encoder_out["encoder_padding_mask"][0]
-        return ~padding[:, None, None, :]  # [batch, 1, 1, src_len], True = attend
+        padding = padding[:: padding.size(0) // encoder_kv.size(2)]  # one row per sentence
+        bias = torch.zeros(padding.shape, dtype=encoder_kv.dtype, device=encoder_kv.device)
+        return bias.masked_fill_(padding, float("-inf"))[:, None, None, :]  # [batch, 1, 1, src_len]
 
     def reorder_incremental_state(self, incremental_state: IncrementalState, new_order: Tensor):
         state = self.get_incremental_state(incremental_state, "memory")
         if state is None:
             return
+        rows = state["memory"].size(2)
         memory = KeyValueBuffer(state["memory"], int(state["length"])).reorder(new_order, self.span)
         state["memory"], state["length"] = memory.slots, torch.tensor(memory.length)
-        if state["encoder_kv"] is not None:
-            state["encoder_kv"] = state["encoder_kv"].index_select(2, new_order)
+        encoder_kv = state["encoder_kv"]
+        if encoder_kv is not None and encoder_kv.size(2) == rows:
+            state["encoder_kv"] = encoder_kv.index_select(2, new_order)
+        elif encoder_kv is not None and len(new_order) != rows:
+            # stored per sentence: only a finished sentence changes it
+            beam = rows // encoder_kv.size(2)
+            state["encoder_kv"] = encoder_kv.index_select(2, new_order.view(-1, beam)[:, 0] // beam)
         self.set_incremental_state(incremental_state, "memory", state)

@@ -14,7 +14,8 @@ from fairseq.models.transformer import (
     transformer_vaswani_wmt_en_de_big,
 )
 
-from .feedback_config import FeedbackConfig, check_feedback_args
+from ..errors import FeedbackUsageError
+from .feedback_config import FeedbackConfig, check_dictionary_sizes, check_feedback_args
 from .feedback_decoder import FeedbackDecoder
 
 
@@ -34,11 +35,25 @@ class FeedbackTransformerModel(TransformerModel):
     def build_model(cls, args, task):
         feedback_defaults(args)  # a checkpoint from before an option existed gets its default
         check_feedback_args(args)
+        if getattr(args, "share_all_embeddings", False) and task.source_dictionary != task.target_dictionary:
+            raise FeedbackUsageError(
+                "--share-all-embeddings needs one dictionary for both sides: "
+                "binarize with fairseq-preprocess --joined-dictionary, or drop the flag"
+            )
         return super().build_model(args, task)
+
+    def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
+        check_dictionary_sizes(self, state_dict)
+        return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
 
     @classmethod
     def build_decoder(cls, cfg, tgt_dict, embed_tokens):
         return FeedbackDecoder(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
+
+    def set_beam_size(self, beam_size):
+        """Called by fairseq's SequenceGenerator (as for BART): beam hypotheses
+        then share their sentence's encoder keys and values."""
+        self.decoder.set_beam_size(beam_size)
 
 
 def feedback_defaults(args):
@@ -56,19 +71,26 @@ def _paper_seq2seq_defaults(args):
     args.dropout = getattr(args, "dropout", 0.3)
 
 
+# Each architecture checks the options at once: fairseq applies it while
+# parsing the command line, before it creates any directory.
+
+
 @register_model_architecture("feedback_transformer", "feedback_transformer")
 def feedback_transformer(args):
     _paper_seq2seq_defaults(args)
     base_architecture(args)
+    check_feedback_args(args)
 
 
 @register_model_architecture("feedback_transformer", "feedback_transformer_iwslt_de_en")
 def feedback_transformer_iwslt_de_en(args):
     _paper_seq2seq_defaults(args)
     transformer_iwslt_de_en(args)
+    check_feedback_args(args)
 
 
 @register_model_architecture("feedback_transformer", "feedback_transformer_wmt_en_de_big")
 def feedback_transformer_wmt_en_de_big(args):
     _paper_seq2seq_defaults(args)
     transformer_vaswani_wmt_en_de_big(args)
+    check_feedback_args(args)

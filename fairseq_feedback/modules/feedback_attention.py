@@ -25,19 +25,31 @@ def attend_one_step(
     dropout_p: float = 0.0,
 ) -> Tensor:
     """softmax(q.k / sqrt(d_head) + q.p / sqrt(d_head) + bias) v for queries `x`
-    ([batch, embed]) over `keys`/`values` ([batch, heads, keys, head_dim]).
+    ([rows, embed]) over `keys`/`values` ([batch, heads, keys, head_dim]).
+
+    With fewer key rows than query rows, each key row serves a group of
+    consecutive query rows: the hypotheses of one sentence in beam search,
+    which share the encoder's keys and values (as fairseq's "beamable"
+    encoder attention does), so those are stored once per sentence.
 
     `key_positions` ([keys, head_dim]) are key-side relative position
     embeddings shared by all heads (Shaw et al. 2018, as the paper's LMs use).
     `bias` is added to the scores; -inf masks a key.
     """
+    rows = x.size(0)
     batch, heads, _, head_dim = keys.shape
-    q = q_proj(x).view(batch, heads, 1, head_dim)
+    q = q_proj(x).view(batch, rows // batch, heads, head_dim).transpose(1, 2)
     if key_positions is not None:
         position_scores = torch.matmul(q, key_positions.t()) * head_dim**-0.5
         bias = position_scores if bias is None else position_scores + bias
-    out = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias, dropout_p=dropout_p)
-    return out_proj(out.view(batch, heads * head_dim))
+    if torch.is_grad_enabled():  # the fused kernel's backward is the faster one
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias, dropout_p=dropout_p)
+    else:  # for a few query rows, two small matmuls beat the fused kernel's setup
+        scores = torch.matmul(q * head_dim**-0.5, keys.transpose(-1, -2))
+        if bias is not None:
+            scores = scores + bias
+        out = torch.matmul(F.dropout(scores.softmax(-1), dropout_p), values)
+    return out_proj(out.transpose(1, 2).reshape(rows, heads * head_dim))
 
 
 class FeedbackAttention(nn.Module):

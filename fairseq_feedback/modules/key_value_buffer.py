@@ -67,7 +67,8 @@ class KeyValueBuffer:
         """Beam search: keep the rows `new_order` selects, and only the last
         `span` slots, with room to grow."""
         keep = min(self.length, span)
-        slots = self.slots.new_empty((keep + 16,) + self.slots.shape[1:])
+        planes, _, heads, head_dim = self.slots.shape[1:]
+        slots = self.slots.new_empty((keep + 16, planes, len(new_order), heads, head_dim))
         torch.index_select(
             self.slots[self.length - keep : self.length], 2, new_order, out=slots[:keep]
         )

@@ -1,0 +1,87 @@
+"""IWSLT'14 German-English (TED talks) as fairseq's examples/translation/prepare-iwslt14.sh.
+
+Moses tokenization, clean-corpus-n (ratio 1.5, 1-175 tokens), lowercase;
+valid = every 23rd pair of the cleaned train, test = dev2010 + TEDX dev2012 +
+tst2010-2012; joint BPE (10000 merges) learnt on train de+en.
+"""
+
+import contextlib
+import functools
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a file: make the data_prep package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from data_prep.common import (Archive, apply_bpe, binarize, clean_corpus, dest_is_done, gather_inputs, learn_bpe,
+                              make_parser, read_lines, resolve_dirs, run_cli, sgm_segments, step, tokenize,
+                              write_lines)
+
+NAME = "iwslt14_de_en"
+LANGS = ("de", "en")
+TEST_SETS = ("IWSLT14.TED.dev2010", "IWSLT14.TEDX.dev2012", "IWSLT14.TED.tst2010",
+             "IWSLT14.TED.tst2011", "IWSLT14.TED.tst2012")
+TRAIN = {lang: f"de-en/train.tags.de-en.{lang}" for lang in LANGS}
+TEST = {lang: [f"de-en/{s}.de-en.{lang}.xml" for s in TEST_SETS] for lang in LANGS}
+
+ARCHIVES = {
+    "de-en.tgz": Archive(
+        "de-en.tgz",
+        # the WIT3 original is gone; fairseq's recipe now points at its own copy
+        ("http://dl.fbaipublicfiles.com/fairseq/data/iwslt14/de-en.tgz",
+         "https://wit3.fbk.eu/archive/2014-01/texts/de/en/de-en.tgz"),
+        "md5:10936dfdf616504ddbd844e91b94ef4a",
+        tuple(TRAIN.values()) + tuple(TEST["de"]) + tuple(TEST["en"]),
+    ),
+}
+
+
+def make_text(out: Path, files: dict, workers: int) -> None:
+    for lang in LANGS:
+        # the train files interleave the talks' metadata (<url>, <talkid>,
+        # <title>, <speaker>, ...) with the transcript: keep the transcript only
+        lines = (line for line in read_lines(files[TRAIN[lang]]) if not line.lstrip().startswith("<"))
+        write_lines(out / f"train.tags.{lang}", tokenize(lines, workers, f"train.{lang}", lang=lang))
+        segs = [seg for f in TEST[lang] for seg in sgm_segments(files[f])]
+        write_lines(out / f"test.{lang}", tokenize(segs, workers, f"test.{lang}", lang=lang, quote=True, lower=True))
+
+    pairs = clean_corpus(out / "train.tags.de", out / "train.tags.en", 1, 175, 1.5)
+    with contextlib.ExitStack() as files_open:
+        outs = {(split, lang): files_open.enter_context(open(out / f"{split}.{lang}", "w", encoding="utf-8"))
+                for split in ("train", "valid") for lang in LANGS}
+        for i, pair in enumerate(pairs, 1):
+            split = "valid" if i % 23 == 0 else "train"
+            for lang, line in zip(LANGS, pair):
+                outs[split, lang].write(line.lower() + "\n")
+    for lang in LANGS:
+        (out / f"train.tags.{lang}").unlink()
+
+
+def make_bpe(out: Path, text: Path, merges: int, workers: int) -> None:
+    learn_bpe([text / f"train.{lang}" for lang in LANGS], out / "code", merges, workers)
+    for split in ("train", "valid", "test"):
+        for lang in LANGS:
+            apply_bpe(out / "code", text / f"{split}.{lang}", out / f"{split}.{lang}", workers)
+
+
+def main(argv=None) -> None:
+    parser = make_parser(NAME, __doc__)
+    parser.add_argument("--bpe-merges", type=int, default=10000, help="joint BPE merges (default: %(default)s)")
+    args = parser.parse_args(argv)
+    resolve_dirs(args)
+    settings = {"dataset": NAME, "bpe_merges": args.bpe_merges}
+    if dest_is_done(args.dest, settings):
+        return
+    files = gather_inputs(list(ARCHIVES.values()), args.raw, args.work)
+    text = step(args.work / "text", functools.partial(make_text, files=files, workers=args.workers),
+                {"dataset": NAME})
+    bpe = step(args.work / "bpe", functools.partial(make_bpe, text=text, merges=args.bpe_merges,
+                                                    workers=args.workers), settings)
+    binarize(args.dest, settings,
+             ["--source-lang", "de", "--target-lang", "en", "--joined-dictionary",
+              "--trainpref", str(bpe / "train"), "--validpref", str(bpe / "valid"), "--testpref", str(bpe / "test")],
+             args.workers, extra_files=[bpe / "code"])
+
+
+if __name__ == "__main__":
+    run_cli(main)

@@ -1,0 +1,43 @@
+"""WikiText-103 for language modeling, as fairseq's examples/language_model.
+
+Word level: the files are already tokenized with <unk> in place, so they go
+to fairseq-preprocess --only-source as they are (one dictionary, from train).
+"""
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a file: make the data_prep package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from data_prep.common import Archive, binarize, dest_is_done, gather_inputs, make_parser, resolve_dirs, run_cli
+
+NAME = "wikitext103"
+FILES = {split: f"wikitext-103/wiki.{split}.tokens" for split in ("train", "valid", "test")}
+ARCHIVES = {
+    "wikitext-103-v1.zip": Archive(
+        "wikitext-103-v1.zip",
+        # the original S3 bucket went away; its author now serves the same file
+        ("https://wikitext.smerity.com/wikitext-103-v1.zip",
+         "https://s3.amazonaws.com/research.metamind.io/wikitext/wikitext-103-v1.zip"),
+        "md5:9ddaacaf6af0710eda8c456decff7832",
+        tuple(FILES.values()),
+    ),
+}
+
+
+def main(argv=None) -> None:
+    args = make_parser(NAME, __doc__).parse_args(argv)
+    resolve_dirs(args)
+    settings = {"dataset": NAME}
+    if dest_is_done(args.dest, settings):
+        return
+    files = gather_inputs(list(ARCHIVES.values()), args.raw, args.work)
+    binarize(args.dest, settings,
+             ["--only-source", "--trainpref", str(files[FILES["train"]]),
+              "--validpref", str(files[FILES["valid"]]), "--testpref", str(files[FILES["test"]])],
+             args.workers)
+
+
+if __name__ == "__main__":
+    run_cli(main)

@@ -1,0 +1,118 @@
+"""WMT'14 English-German as fairseq's examples/translation/prepare-wmt14en2de.sh --icml17.
+
+Train: Europarl v7 + Common Crawl + News Commentary v9, punctuation
+normalized, non-printing characters removed, Moses-tokenized with aggressive
+hyphen splitting, joint BPE (32000 merges, as the paper) learnt on train en+de,
+then clean-corpus-n (ratio 1.5, 1-250 tokens).  Valid = newstest2013,
+test = newstest2014 (the full set, as the recipe).
+"""
+
+import functools
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a file: make the data_prep package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from data_prep.common import (Archive, apply_bpe, binarize, clean_corpus, dest_is_done, gather_inputs, learn_bpe,
+                              make_parser, read_lines, resolve_dirs, run_cli, sgm_segments, step, tokenize,
+                              write_lines)
+
+NAME = "wmt14_en_de"
+SRC, TGT = "en", "de"
+LANGS = (SRC, TGT)
+# parallel files (without the .en/.de) inside each training archive
+CORPORA = {
+    "training-parallel-europarl-v7.tgz": "training/europarl-v7.de-en",
+    "training-parallel-commoncrawl.tgz": "commoncrawl.de-en",
+    "training-parallel-nc-v9.tgz": "training/news-commentary-v9.de-en",
+}
+VALID = {lang: f"dev/newstest2013.{lang}" for lang in LANGS}
+TEST = {SRC: f"test-full/newstest2014-deen-src.{SRC}.sgm", TGT: f"test-full/newstest2014-deen-ref.{TGT}.sgm"}
+
+
+def _pair(prefix):
+    return tuple(f"{prefix}.{lang}" for lang in LANGS)
+
+
+ARCHIVES = {
+    a.filename: a for a in (
+        Archive("training-parallel-europarl-v7.tgz",
+                ("https://www.statmt.org/wmt13/training-parallel-europarl-v7.tgz",),
+                "sha256:0224c7c710c8a063dfd893b0cc0830202d61f4c75c17eb8e31836103d27d96e7",
+                _pair(CORPORA["training-parallel-europarl-v7.tgz"])),
+        Archive("training-parallel-commoncrawl.tgz",
+                ("https://www.statmt.org/wmt13/training-parallel-commoncrawl.tgz",),
+                "sha256:c7a74e2ea01ac6c920123108627e35278d4ccb5701e15428ffa34de86fa3a9e5",
+                _pair(CORPORA["training-parallel-commoncrawl.tgz"])),
+        Archive("training-parallel-nc-v9.tgz",
+                ("https://www.statmt.org/wmt14/training-parallel-nc-v9.tgz",),
+                "sha256:cb8953f292298e6877ae433c98912b927cb0766b303f4540512ddd286c748485",
+                _pair(CORPORA["training-parallel-nc-v9.tgz"])),
+        Archive("dev.tgz",
+                ("https://data.statmt.org/wmt17/translation-task/dev.tgz",),
+                "md5:9b1aa63c1cf49dccdd20b962fe313989",
+                tuple(VALID.values())),
+        Archive("test-full.tgz",
+                ("https://statmt.org/wmt14/test-full.tgz",),
+                "md5:a8cd784e006feb32ac6f3d9ec7eb389a",
+                tuple(TEST.values())),
+    )
+}
+
+
+def _train_lines(files: dict, lang: str):
+    for prefix in CORPORA.values():
+        yield from read_lines(files[f"{prefix}.{lang}"])
+
+
+def make_text(out: Path, files: dict, workers: int) -> None:
+    for lang in LANGS:
+        kw = dict(lang=lang, aggressive=True)
+        write_lines(out / f"train.{lang}", tokenize(_train_lines(files, lang), workers, f"train.{lang}",
+                                                    normalize=True, **kw))
+        write_lines(out / f"valid.{lang}", tokenize(read_lines(files[VALID[lang]]), workers, f"valid.{lang}",
+                                                    normalize=True, **kw))
+        # the recipe does not normalize the test set, only straightens ’
+        write_lines(out / f"test.{lang}", tokenize(sgm_segments(files[TEST[lang]]), workers, f"test.{lang}",
+                                                   quote=True, **kw))
+
+
+def make_bpe(out: Path, text: Path, merges: int, workers: int) -> None:
+    learn_bpe([text / f"train.{lang}" for lang in LANGS], out / "code", merges, workers)
+    for lang in LANGS:
+        for split in ("valid", "test"):
+            apply_bpe(out / "code", text / f"{split}.{lang}", out / f"{split}.{lang}", workers)
+        apply_bpe(out / "code", text / f"train.{lang}", out / f"bpe.train.{lang}", workers)
+    # the recipe cleans after BPE, so the 250 limit counts subwords
+    pairs = clean_corpus(out / f"bpe.train.{SRC}", out / f"bpe.train.{TGT}", 1, 250, 1.5)
+    with open(out / f"train.{SRC}", "w", encoding="utf-8") as fs, open(out / f"train.{TGT}", "w",
+                                                                        encoding="utf-8") as ft:
+        for s, t in pairs:
+            fs.write(s + "\n")
+            ft.write(t + "\n")
+    for lang in LANGS:
+        (out / f"bpe.train.{lang}").unlink()
+
+
+def main(argv=None) -> None:
+    parser = make_parser(NAME, __doc__)
+    parser.add_argument("--bpe-merges", type=int, default=32000, help="joint BPE merges (default: %(default)s)")
+    args = parser.parse_args(argv)
+    resolve_dirs(args)
+    settings = {"dataset": NAME, "bpe_merges": args.bpe_merges}
+    if dest_is_done(args.dest, settings):
+        return
+    files = gather_inputs(list(ARCHIVES.values()), args.raw, args.work)
+    text = step(args.work / "text", functools.partial(make_text, files=files, workers=args.workers),
+                {"dataset": NAME})
+    bpe = step(args.work / "bpe", functools.partial(make_bpe, text=text, merges=args.bpe_merges,
+                                                    workers=args.workers), settings)
+    binarize(args.dest, settings,
+             ["--source-lang", SRC, "--target-lang", TGT, "--joined-dictionary",
+              "--trainpref", str(bpe / "train"), "--validpref", str(bpe / "valid"), "--testpref", str(bpe / "test")],
+             args.workers, extra_files=[bpe / "code"])
+
+
+if __name__ == "__main__":
+    run_cli(main)

@@ -1,0 +1,396 @@
+"""Algorithmic toy tasks of the Feedback Transformer paper (Table 1, appendix 7.1, 7.4).
+
+    python -m data_prep.toy_tasks TASK --out DIR --seed N [--train N ...] [task flags]
+
+writes DIR/TASK/{train,valid,test}.{input,labels}: one episode per line, the two
+files aligned token for token. The model reads the input stream (episodes joined
+by an end-of-line token) and at each position i predicts labels[i]; `_` marks a
+position with no loss. Answers are teacher forced: after the separator the input
+holds the answer itself, so each label is the answer token the model must emit next.
+
+    copy       3 1 4 = 3 1 4            _ _ _ 3 1 4 .
+    reverse    3 1 4 = 4 1 3            _ _ _ 4 1 3 .
+    counting   A A A = B B B            _ _ _ B B B .
+    random_walk  reset F L F R ...      c36 c28 c28 c27 c27 ...   (cell after each token)
+    algorithmic  x = 3 ; print x ; ...  _ _ _ _ _ _ 3 ...         (value at the print's `;`)
+"""
+
+import argparse
+import operator
+import os
+import random
+import shutil
+import tempfile
+from functools import partial
+
+SPLITS = ("train", "valid", "test")
+DEFAULT_SIZES = {"train": 10000, "valid": 1000, "test": 1000}
+NO_LOSS = "_"
+
+# --- copy, reverse, counting ------------------------------------------------------
+
+SEP = "="  # ends the question; the answer follows
+END = "."  # label after the last answer token: the model must also know when to stop
+DIGITS = tuple("0123456789")
+
+
+def _teacher_forced(question, answer):
+    tokens = question + [SEP] + answer
+    labels = [NO_LOSS] * len(question) + answer + [END]
+    return tokens, labels
+
+
+def _digits_episode(rng, split, reverse, train_length=40, test_length=400):
+    # the paper tests length generalisation: valid and test use the long length
+    n = train_length if split == "train" else test_length
+    question = [rng.choice(DIGITS) for _ in range(n)]
+    return _teacher_forced(question, question[::-1] if reverse else question)
+
+
+def _counting_episode(rng, split, max_length=50):
+    n = rng.randint(1, max_length)
+    return _teacher_forced(["A"] * n, ["B"] * n)
+
+
+def check_answer_line(task, input_tokens, label_tokens):
+    """True iff one copy / reverse / counting line is well formed and answered right."""
+    if SEP not in input_tokens:
+        return False
+    question = input_tokens[: input_tokens.index(SEP)]
+    if task == "counting":
+        if set(question) != {"A"}:
+            return False
+        answer = ["B"] * len(question)
+    elif task in ("copy", "reverse"):
+        if not question or not all(t in DIGITS for t in question):
+            return False
+        answer = question if task == "copy" else question[::-1]
+    else:
+        raise ValueError(f"not a copy/reverse/counting task: {task}")
+    return (input_tokens, label_tokens) == _teacher_forced(question, answer)
+
+
+# --- random walk (appendix 7.1) ---------------------------------------------------
+
+RESET, FORWARD, LEFT, RIGHT = "reset", "F", "L", "R"
+_HEADINGS = ((-1, 0), (0, 1), (1, 0), (0, -1))  # (drow, dcol) for N E S W: a right turn is +1
+
+
+def _cell(row, col, grid_size):
+    return f"c{row * grid_size + col}"
+
+
+def _walk_episode(rng, split, grid_size=8, episode_length=100):
+    # fixed start: the middle cell, facing north
+    row = col = grid_size // 2
+    heading = 0
+    tokens, labels = [RESET], [_cell(row, col, grid_size)]
+    for _ in range(episode_length):
+        action = rng.choice((FORWARD, LEFT, RIGHT))
+        if action == LEFT:
+            heading = (heading - 1) % 4
+        elif action == RIGHT:
+            heading = (heading + 1) % 4
+        else:
+            r, c = row + _HEADINGS[heading][0], col + _HEADINGS[heading][1]
+            if 0 <= r < grid_size and 0 <= c < grid_size:  # a step off the grid is ignored
+                row, col = r, c
+        tokens.append(action)
+        labels.append(_cell(row, col, grid_size))
+    return tokens, labels
+
+
+def replay_walk(input_tokens, grid_size=8):
+    """The cell after each token of a walk (a reset puts the agent back at the start).
+
+    Written with complex numbers on purpose, unlike the generator, so that the
+    tests check one formulation against the other.
+    """
+    start = complex(grid_size // 2, grid_size // 2)  # col + row*1j, rows grow southwards
+    pos, facing = start, -1j
+    cells = []
+    for token in input_tokens:
+        if token == RESET:
+            pos, facing = start, -1j
+        elif token == LEFT:
+            facing *= -1j
+        elif token == RIGHT:
+            facing *= 1j
+        elif token == FORWARD:
+            ahead = pos + facing
+            if 0 <= ahead.real < grid_size and 0 <= ahead.imag < grid_size:
+                pos = ahead
+        else:
+            raise ValueError(f"not a walk token: {token!r}")
+        cells.append(_cell(int(pos.imag), int(pos.real), grid_size))
+    return cells
+
+
+# --- algorithmic (appendix 7.4) ---------------------------------------------------
+# Conventions of the official generator (facebookresearch/transformer-sequential,
+# data/gen_data_algo_seq.py): names x y z p r, statement kinds drawn uniformly and
+# redrawn until legal, every statement ends with its own `;`, a conditional compares
+# with another variable or a constant (even odds) and nests one statement that is
+# neither print nor if, and the printed value is labelled at the print's `;`. A
+# nested statement under a false condition is not executed but must still be legal,
+# so an initialisation there leaves the variable uninitialised (the paper's Table 7
+# shows `if z < 5 : y = 7 ;` and later `y = 7 ;`).
+
+VARIABLES = ("x", "y", "z", "p", "r")
+LOW, HIGH = 1, 10
+END_PROGRAM = "END"
+COMPARE = {"<": operator.lt, ">": operator.gt, "==": operator.eq}
+_KINDS = ("=", "++", "--", "if", "print")
+
+
+def _try_statement(rng, kind, state, names, comparisons, nested):
+    """Apply one statement of `kind` to `state`; (tokens, labels), or None if illegal here."""
+    if kind == "=":
+        fresh = [v for v in names if v not in state]
+        if not fresh:
+            return None
+        var = rng.choice(fresh)
+        state[var] = rng.randint(LOW, HIGH)
+        return [var, "=", str(state[var]), ";"], [NO_LOSS] * 4
+    known = list(state)
+    if not known:
+        return None
+    if kind in ("++", "--"):
+        var = rng.choice(known)
+        value = state[var] + (1 if kind == "++" else -1)
+        if not LOW <= value <= HIGH:
+            return None
+        state[var] = value
+        return [var, kind, ";"], [NO_LOSS] * 3
+    if nested:
+        return None
+    if kind == "print":
+        var = rng.choice(known)
+        return ["print", var, ";"], [NO_LOSS, NO_LOSS, str(state[var])]
+    if rng.random() < 0.5:
+        if len(known) < 2:
+            return None
+        var, other = rng.sample(known, 2)
+        bound, rhs = state[other], other
+    else:
+        var = rng.choice(known)
+        bound = rng.randint(LOW, HIGH)
+        rhs = str(bound)
+    op = rng.choice(comparisons)
+    holds = COMPARE[op](state[var], bound)
+    body, body_labels = _statement(rng, state if holds else dict(state), names, comparisons, True)
+    return ["if", var, op, rhs, ":"] + body, [NO_LOSS] * 5 + body_labels
+
+
+def _statement(rng, state, names, comparisons, nested=False):
+    while True:
+        made = _try_statement(rng, rng.choice(_KINDS), state, names, comparisons, nested)
+        if made is not None:
+            return made
+
+
+def _program_episode(rng, split, variables=3, statements=100, equality=False):
+    # the official generator only emits < and >; the paper's prose also shows ==
+    comparisons = ("<", ">", "==") if equality else ("<", ">")
+    state, tokens, labels = {}, [], []
+    for _ in range(statements):
+        t, l = _statement(rng, state, VARIABLES[:variables], comparisons)
+        tokens += t
+        labels += l
+    return tokens + [END_PROGRAM], labels + [NO_LOSS]
+
+
+def execute_program(input_tokens):
+    """The values printed by one program; ValueError if it breaks the task's rules
+    (use before initialisation, a second initialisation, a value outside 1..10,
+    a nested if or print, bad syntax)."""
+    if not input_tokens or input_tokens[-1] != END_PROGRAM:
+        raise ValueError("a program ends with END")
+    statements, current = [], []
+    for token in input_tokens[:-1]:
+        current.append(token)
+        if token == ";":
+            statements.append(current)
+            current = []
+    if current:
+        raise ValueError(f"statement without ';': {current}")
+    state, printed = {}, []
+    for stmt in statements:
+        if stmt[0] == "if":
+            if len(stmt) < 6 or stmt[4] != ":" or stmt[2] not in COMPARE:
+                raise ValueError(f"bad conditional: {stmt}")
+            rhs = int(stmt[3]) if stmt[3].isdigit() else _read(state, stmt[3])
+            holds = COMPARE[stmt[2]](_read(state, stmt[1]), rhs)
+            if stmt[5] in ("if", "print"):
+                raise ValueError(f"nested {stmt[5]}: {stmt}")
+            # a skipped statement must still be legal, so run it on a scratch copy
+            _execute_simple(stmt[5:], state if holds else dict(state), printed)
+        else:
+            _execute_simple(stmt, state, printed)
+    return printed
+
+
+def _read(state, var):
+    if var not in state:
+        raise ValueError(f"{var} used before initialisation")
+    return state[var]
+
+
+def _execute_simple(stmt, state, printed):
+    if len(stmt) == 3 and stmt[0] == "print":
+        printed.append(_read(state, stmt[1]))
+        return
+    if len(stmt) == 4 and stmt[1] == "=":
+        if stmt[0] in state:
+            raise ValueError(f"{stmt[0]} initialised twice")
+        state[stmt[0]] = int(stmt[2])
+    elif len(stmt) == 3 and stmt[1] in ("++", "--"):
+        state[stmt[0]] = _read(state, stmt[0]) + (1 if stmt[1] == "++" else -1)
+    else:
+        raise ValueError(f"bad statement: {stmt}")
+    if not LOW <= state[stmt[0]] <= HIGH:
+        raise ValueError(f"{stmt[0]} = {state[stmt[0]]} is outside {LOW}..{HIGH}")
+
+
+# --- generation and scoring -------------------------------------------------------
+
+EPISODES = {
+    "copy": partial(_digits_episode, reverse=False),
+    "reverse": partial(_digits_episode, reverse=True),
+    "counting": _counting_episode,
+    "random_walk": _walk_episode,
+    "algorithmic": _program_episode,
+}
+# Table 1 reports char / seq accuracy for the first three, plain accuracy for the others
+METRICS = {
+    "copy": ("char_acc", "seq_acc"),
+    "reverse": ("char_acc", "seq_acc"),
+    "counting": ("char_acc", "seq_acc"),
+    "random_walk": ("acc", "episode_acc"),
+    "algorithmic": ("acc", "episode_acc"),
+}
+
+
+def episodes(task, split, count, seed, **options):
+    """Yield `count` (input_tokens, label_tokens) pairs of one split."""
+    # one generator per split, so a split does not change when another one's size does
+    rng = random.Random(f"{seed}/{task}/{split}")
+    for _ in range(count):
+        yield EPISODES[task](rng, split, **options)
+
+
+def write_task(out, task, seed, sizes, force=False, **options):
+    """Write out/task/{split}.{input,labels}; the folder appears complete or not at all."""
+    final = os.path.join(out, task)
+    if os.path.exists(final) and not force:
+        raise FileExistsError(f"{final} exists (pass --force to replace it)")
+    os.makedirs(out, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{task}.", dir=out)
+    try:
+        for split in SPLITS:
+            prefix = os.path.join(tmp, split)
+            with open(prefix + ".input", "w") as fin, open(prefix + ".labels", "w") as flab:
+                for tokens, labels in episodes(task, split, sizes[split], seed, **options):
+                    fin.write(" ".join(tokens) + "\n")
+                    flab.write(" ".join(labels) + "\n")
+        if os.path.exists(final):
+            old = tempfile.mkdtemp(prefix=f".{task}.old.", dir=out)
+            os.rename(final, os.path.join(old, task))
+            os.rename(tmp, final)
+            shutil.rmtree(old)
+        else:
+            os.rename(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def score(task, labels_lines, predicted_lines):
+    """Table-1 metrics from aligned label and prediction lines (strings or token lists).
+
+    Token accuracy counts every labelled position; a line counts as solved when all
+    its labelled positions are right. Positions labelled `_` are skipped, and so
+    are lines without any labelled position.
+    """
+    if task not in METRICS:
+        raise ValueError(f"unknown task {task!r}")
+    labels_lines, predicted_lines = list(labels_lines), list(predicted_lines)
+    if len(labels_lines) != len(predicted_lines):
+        raise ValueError(f"{len(labels_lines)} label lines but {len(predicted_lines)} predicted")
+    hits = total = solved = lines = 0
+    for n, (labels, predicted) in enumerate(zip(labels_lines, predicted_lines), 1):
+        labels = labels.split() if isinstance(labels, str) else labels
+        predicted = predicted.split() if isinstance(predicted, str) else predicted
+        if len(labels) != len(predicted):
+            raise ValueError(f"line {n}: {len(labels)} labels but {len(predicted)} predictions")
+        checked = [l == p for l, p in zip(labels, predicted) if l != NO_LOSS]
+        if checked:
+            hits += sum(checked)
+            total += len(checked)
+            solved += all(checked)
+            lines += 1
+    if not total:
+        raise ValueError("no labelled positions to score")
+    token_key, line_key = METRICS[task]
+    return {token_key: hits / total, line_key: solved / lines}
+
+
+# --- command line -------------------------------------------------------------------
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, no usage dump
+        raise SystemExit(f"{self.prog}: error: {message}")
+
+
+def _positive(text):
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def build_parser():
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--out", required=True, help="the task folder is written under it")
+    common.add_argument("--seed", type=int, default=1)
+    for split in SPLITS:
+        common.add_argument(f"--{split}", type=_positive, default=DEFAULT_SIZES[split],
+                            help=f"number of {split} episodes (default {DEFAULT_SIZES[split]})")
+    common.add_argument("--force", action="store_true", help="replace an existing task folder")
+
+    parser = _Parser(prog="toy_tasks", description=__doc__.split("\n\n")[0])
+    tasks = parser.add_subparsers(dest="task", required=True, metavar="TASK")
+    for name in ("copy", "reverse"):
+        p = tasks.add_parser(name, parents=[common], help=f"{name} a row of digits")
+        p.add_argument("--train-length", type=_positive, default=40)
+        p.add_argument("--test-length", type=_positive, default=400, help="valid and test length")
+    p = tasks.add_parser("counting", parents=[common], help="n A's, then n B's")
+    p.add_argument("--max-length", type=_positive, default=50, help="n is uniform in 1..max")
+    p = tasks.add_parser("random_walk", parents=[common], help="track a walker on a grid")
+    p.add_argument("--grid-size", type=_positive, default=8)
+    p.add_argument("--episode-length", type=_positive, default=100)
+    p = tasks.add_parser("algorithmic", parents=[common], help="print values of a toy program")
+    p.add_argument("--variables", type=int, default=3, choices=range(1, len(VARIABLES) + 1))
+    p.add_argument("--statements", type=_positive, default=100)
+    p.add_argument("--equality", action="store_true", help="also emit `==` conditionals")
+    return parser
+
+
+def main(argv=None):
+    args = vars(build_parser().parse_args(argv))
+    task, out, seed, force = args.pop("task"), args.pop("out"), args.pop("seed"), args.pop("force")
+    sizes = {split: args.pop(split) for split in SPLITS}
+    try:
+        path = write_task(out, task, seed, sizes, force=force, **args)
+    except OSError as e:
+        raise SystemExit(f"toy_tasks: error: {e}")
+    print(f"wrote {path}: " + ", ".join(f"{sizes[s]} {s}" for s in SPLITS) + " episodes")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,302 @@
+"""data_prep scripts, offline, on tiny raw data in each dataset's real format (tests/data_prep_fixtures.py)."""
+
+import dataclasses
+import hashlib
+import http.server
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from fairseq.data import Dictionary, data_utils
+
+import data_prep_fixtures as fx
+from data_prep import common
+from data_prep import prepare_cnn_dm as cnn
+from data_prep import prepare_iwslt14_de_en as iwslt
+from data_prep import prepare_wikitext103 as wiki
+from data_prep import prepare_wmt14_en_de as wmt
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run(module, *args):
+    module.main([str(a) for a in args])
+
+
+def error_of(module, *args) -> str:
+    """The message of the one-line error the script stops with."""
+    with pytest.raises(SystemExit) as e:
+        run(module, *args)
+    message = str(e.value.code)
+    assert message.startswith("error: ") and "\n" not in message
+    return message
+
+
+def dirs(tmp_path):
+    return ["--dest", tmp_path / "data-bin" / "out", "--work", tmp_path / "work", "--workers", 1]
+
+
+def boom(*args, **kwargs):
+    raise RuntimeError("interrupted")
+
+
+def loaded_sizes(dest: Path, split: str, pair: str, langs) -> list:
+    sizes = []
+    for lang in langs:
+        d = Dictionary.load(str(dest / f"dict.{lang}.txt"))
+        ds = data_utils.load_indexed_dataset(str(dest / f"{split}.{pair}.{lang}"), d)
+        assert ds is not None, f"{split}.{pair}.{lang} does not load"
+        sizes.append(len(ds))
+    return sizes
+
+
+def check_translation(dest: Path, src: str, tgt: str, counts: dict) -> None:
+    assert (dest / f"dict.{src}.txt").read_text() == (dest / f"dict.{tgt}.txt").read_text()  # joined
+    for split, n in counts.items():
+        assert loaded_sizes(dest, split, f"{src}-{tgt}", (src, tgt)) == [n, n], split
+
+
+def lines(path: Path) -> list:
+    return path.read_text(encoding="utf-8").splitlines()
+
+
+# ------------------------------------------------------------------ IWSLT14
+
+
+def test_iwslt_interrupted_resumed_and_rerun(tmp_path, monkeypatch):
+    counts = fx.write_iwslt(tmp_path / "raw")
+    args = ["--raw", tmp_path / "raw", *dirs(tmp_path), "--bpe-merges", 300]
+    dest, work = tmp_path / "data-bin" / "out", tmp_path / "work"
+
+    monkeypatch.setattr(iwslt, "learn_bpe", boom)
+    with pytest.raises(RuntimeError):
+        run(iwslt, *args)
+    assert not dest.exists() and not (work / "bpe").exists()
+    assert (work / "text" / common.DONE).exists()
+
+    # resumes after the finished text step, which must not run again
+    monkeypatch.setattr(iwslt, "learn_bpe", common.learn_bpe)
+    monkeypatch.setattr(iwslt, "tokenize", boom)
+    run(iwslt, *args)
+    check_translation(dest, "de", "en", counts)
+    assert (dest / "code").exists()
+    train = (work / "text" / "train.en").read_text()
+    assert "speaker" not in train and "ted.com" not in train  # the tag lines are gone
+    test = (work / "text" / "test.en").read_text()
+    assert "it &apos;s " in test and test == test.lower()
+
+    # a rerun has nothing to do: no fairseq-preprocess, nothing rewritten
+    before = {f.name: f.stat().st_mtime_ns for f in dest.iterdir()}
+    monkeypatch.setattr(common.subprocess, "run", boom)
+    start = time.perf_counter()
+    run(iwslt, *args)
+    assert time.perf_counter() - start < 2
+    assert {f.name: f.stat().st_mtime_ns for f in dest.iterdir()} == before
+
+    assert "bpe_merges: 300 -> 100" in error_of(iwslt, *args[:-1], 100)
+
+
+@pytest.fixture
+def known_iwslt_archive(tmp_path, monkeypatch):
+    """A fixture de-en.tgz that the checksum table takes for the real one."""
+    archive = fx.iwslt_archive(tmp_path)
+    real = iwslt.ARCHIVES["de-en.tgz"]
+    monkeypatch.setitem(iwslt.ARCHIVES, "de-en.tgz", dataclasses.replace(real, checksum=fx.sha256(archive)))
+    return archive
+
+
+def test_iwslt_from_archive(tmp_path, known_iwslt_archive):
+    counts = fx.write_iwslt(tmp_path / "unused")
+    run(iwslt, "--raw", known_iwslt_archive.parent, *dirs(tmp_path), "--bpe-merges", 300)
+    check_translation(tmp_path / "data-bin" / "out", "de", "en", counts)
+    assert (tmp_path / "work" / "extracted" / "de-en.tgz" / "de-en" / "train.tags.de-en.de").exists()
+
+
+def test_corrupt_archive_is_caught(tmp_path, known_iwslt_archive):
+    data = known_iwslt_archive.read_bytes()
+    known_iwslt_archive.write_bytes(data[: len(data) // 2])
+    message = error_of(iwslt, "--raw", known_iwslt_archive.parent, *dirs(tmp_path))
+    assert str(known_iwslt_archive) in message and "corrupt" in message and "delete it" in message
+    assert not (tmp_path / "data-bin" / "out").exists()
+    assert not (tmp_path / "work" / "extracted" / "de-en.tgz").exists()
+
+
+def test_missing_raw_file_is_named(tmp_path):
+    fx.write_iwslt(tmp_path / "raw")
+    (tmp_path / "raw" / "de-en" / "IWSLT14.TED.tst2011.de-en.en.xml").unlink()
+    message = error_of(iwslt, "--raw", tmp_path / "raw", *dirs(tmp_path))
+    assert "IWSLT14.TED.tst2011.de-en.en.xml" in message and "de-en.tgz" in message
+
+
+@pytest.mark.parametrize("how", [["-m", "data_prep.prepare_wikitext103"], ["data_prep/prepare_iwslt14_de_en.py"]])
+def test_command_line_error_is_one_line(tmp_path, how):
+    (tmp_path / "raw").mkdir()
+    proc = subprocess.run([sys.executable, *how, "--raw", str(tmp_path / "raw"), *map(str, dirs(tmp_path))],
+                          cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode != 0
+    assert len(proc.stderr.strip().splitlines()) == 1 and proc.stderr.startswith("error: "), proc.stderr
+    assert "has neither" in proc.stderr
+
+
+# ------------------------------------------------------------------- WMT14
+
+
+def test_wmt(tmp_path):
+    counts = fx.write_wmt(tmp_path / "raw")
+    run(wmt, "--raw", tmp_path / "raw", *dirs(tmp_path), "--bpe-merges", 500, "--workers", 2)  # multiprocess
+    check_translation(tmp_path / "data-bin" / "out", "en", "de", counts)
+    text = tmp_path / "work" / "text"
+    assert "well @-@ known" in (text / "train.en").read_text()  # aggressive hyphen splitting
+    assert "gut @-@ bekanntes" in (text / "train.de").read_text()  # – normalized first
+    assert "&quot; well" in (text / "train.en").read_text()  # “ normalized, then escaped
+    assert lines(text / "test.en")[0].startswith("It &apos;s ")
+
+
+# ----------------------------------------------------------- CNN-DailyMail
+
+
+def test_cnn_dm_stories(tmp_path):
+    counts = fx.write_cnn_dm(tmp_path / "raw")
+    run(cnn, "--raw", tmp_path / "raw", *dirs(tmp_path), "--vocab-size", 200)
+    dest, work = tmp_path / "data-bin" / "out", tmp_path / "work"
+    for split, n in counts.items():
+        assert loaded_sizes(dest, split, "source-target", ("source", "target")) == [n, n]
+    assert (dest / cnn.SPM_MODEL).exists()
+    articles = [a.split() for a in lines(work / "text" / "train.source")]
+    assert max(map(len, articles)) == 400 and all(articles)
+    assert "a caption without a period." in (work / "text" / "test.source").read_text()
+
+    # the references for ROUGE: detokenized, highlights joined, each with its period
+    refs = lines(work / "text" / "test.target")
+    assert len(refs) == counts["test"] and all(r.endswith(".") and r.count(". ") >= 1 for r in refs)
+    import sentencepiece
+
+    sp = sentencepiece.SentencePieceProcessor(model_file=str(dest / cnn.SPM_MODEL))
+    pieces = lines(work / "spm" / "test.target")
+    assert [sp.decode(p.split()) for p in pieces] == refs
+
+
+def test_cnn_dm_line_files(tmp_path):
+    counts = fx.write_cnn_dm_lines(tmp_path / "raw")
+    run(cnn, "--raw", tmp_path / "raw", *dirs(tmp_path), "--vocab-size", 200)
+    for split, n in counts.items():
+        assert loaded_sizes(tmp_path / "data-bin" / "out", split, "source-target", ("source", "target")) == [n, n]
+    assert {len(a.split()) for a in lines(tmp_path / "work" / "text" / "train.source")} == {400}
+
+
+def test_cnn_dm_missing_files_are_named(tmp_path):
+    fx.write_cnn_dm(tmp_path / "raw")
+    (tmp_path / "raw" / "url_lists" / "all_val.txt").unlink()
+    assert "all_val.txt" in error_of(cnn, "--raw", tmp_path / "raw", *dirs(tmp_path))
+    fx.write(tmp_path / "lines" / "train.source", ["an article"])
+    assert "train.target" in error_of(cnn, "--raw", tmp_path / "lines", *dirs(tmp_path))
+
+
+# --------------------------------------------------- a local download server
+
+
+class _Server(http.server.BaseHTTPRequestHandler):
+    """Serves `payload` at any path, honouring `Range: bytes=N-`; records the ranges asked for."""
+
+    payload = b""
+    ranges: list = []
+
+    def do_GET(self):
+        if self.path.startswith("/missing"):
+            self.send_error(404)
+            return
+        asked = self.headers.get("Range")
+        self.ranges.append(asked)
+        start = int(asked.split("=")[1].rstrip("-")) if asked else 0
+        self.send_response(206 if asked else 200)
+        if asked:
+            self.send_header("Content-Range", f"bytes {start}-{len(self.payload) - 1}/{len(self.payload)}")
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Length", str(len(self.payload) - start))
+        self.end_headers()
+        self.wfile.write(self.payload[start:])
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def server(monkeypatch):
+    for var in ("http_proxy", "HTTP_PROXY"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("no_proxy", "127.0.0.1")
+    _Server.payload = os.urandom(300_000)
+    _Server.ranges = []
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Server)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+# ---------------------------------------------------------------- WikiText
+
+
+def test_wikitext_downloaded(tmp_path, monkeypatch, server):
+    archive = fx.wikitext_archive(tmp_path)
+    counts = fx.write_wikitext(tmp_path / "unused")
+    _Server.payload = archive.read_bytes()
+    known = dataclasses.replace(wiki.ARCHIVES[archive.name], urls=(f"{server}/{archive.name}",),
+                                checksum=fx.sha256(archive))
+    monkeypatch.setitem(wiki.ARCHIVES, archive.name, known)
+    args = dirs(tmp_path)
+    dest = tmp_path / "data-bin" / "out"
+
+    def preprocess_dies_half_way(cmd, **kwargs):
+        out = Path(cmd[cmd.index("--destdir") + 1])
+        out.mkdir(parents=True)
+        (out / "train.bin").write_bytes(b"half")
+        return subprocess.CompletedProcess(cmd, 1)
+
+    with monkeypatch.context() as m:
+        m.setattr(common.subprocess, "run", preprocess_dies_half_way)
+        assert "fairseq-preprocess failed" in error_of(wiki, *args)
+    assert not dest.exists()
+    assert (tmp_path / "work" / "downloads" / archive.name).read_bytes() == _Server.payload
+
+    # the rerun neither downloads nor extracts again
+    monkeypatch.setattr(common, "extract", boom)
+    run(wiki, *args)
+    d = Dictionary.load(str(dest / "dict.txt"))
+    for split, n in counts.items():
+        assert len(data_utils.load_indexed_dataset(str(dest / split), d)) == n
+    assert "known" in d and "@-@" in d and d.index("<unk>") == d.unk()
+    assert not (dest.parent / "out.tmp").exists() and _Server.ranges == [None]
+
+
+def test_wikitext_missing_file_is_named(tmp_path):
+    fx.write_wikitext(tmp_path / "raw")
+    (tmp_path / "raw" / "wikitext-103" / "wiki.valid.tokens").unlink()
+    assert "wiki.valid.tokens" in error_of(wiki, "--raw", tmp_path / "raw", *dirs(tmp_path))
+
+
+
+# ---------------------------------------------------------------- download
+
+
+def test_download_resumes_and_verifies(tmp_path, server):
+    good = "md5:" + hashlib.md5(_Server.payload).hexdigest()
+    archive = common.Archive("a.tgz", (f"{server}/missing", f"{server}/a.tgz"), good, ("x",))
+    (tmp_path / "a.tgz.part").write_bytes(_Server.payload[:1000])  # left by an interrupted run
+    path = common.download(archive, tmp_path)
+    assert path.read_bytes() == _Server.payload and _Server.ranges == ["bytes=1000-"]
+    assert not (tmp_path / "a.tgz.part").exists()
+    assert common.download(archive, tmp_path) == path and len(_Server.ranges) == 1  # there already
+
+    bad = dataclasses.replace(archive, filename="b.tgz", checksum="md5:" + "0" * 32)
+    with pytest.raises(SystemExit, match="downloaded b.tgz is corrupt.*rerun"):
+        common.download(bad, tmp_path)
+    assert not (tmp_path / "b.tgz").exists() and not (tmp_path / "b.tgz.part").exists()
+
+    gone = dataclasses.replace(archive, filename="c.tgz", urls=(f"{server}/missing",))
+    with pytest.raises(SystemExit, match="could not download c.tgz .*404.*--raw"):
+        common.download(gone, tmp_path)

@@ -1,0 +1,219 @@
+"""The feedback decoder computes the paper's equations, the same way in
+training, in step-by-step decoding and in beam search."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import tiny_translation_model
+from fairseq.sequence_generator import SequenceGenerator
+
+VARIANTS = {
+    "shared kv, post-norm": [],
+    "per-layer kv": ["--per-layer-kv"],
+    "pre-norm": ["--decoder-normalize-before"],
+    "per-layer kv, pre-norm": ["--per-layer-kv", "--decoder-normalize-before"],
+    "relative positions": ["--relative-positions"],
+}
+TARGET_LENGTH = 7
+SPANS = {"span shorter than target": 3, "span longer than target": 16}
+
+
+def batch(dictionary, rows=3, src_len=5, tgt_len=TARGET_LENGTH):
+    src = torch.randint(dictionary.nspecial, len(dictionary), (rows, src_len))
+    src[0, :2] = dictionary.pad()  # left padding, as fairseq batches sources
+    src_lengths = src.ne(dictionary.pad()).sum(1)
+    prev = torch.randint(dictionary.nspecial, len(dictionary), (rows, tgt_len))
+    prev[:, 0] = dictionary.eos()
+    return src, src_lengths, prev
+
+
+def teacher_forced(model, src, src_lengths, prev):
+    logits, _ = model(src, src_lengths, prev)
+    return model.get_normalized_probs((logits, None), log_probs=True)
+
+
+def incremental(model, encoder_out, prev, state=None):
+    state = {} if state is None else state
+    steps = []
+    for t in range(prev.size(1)):
+        logits, _ = model.decoder(prev[:, : t + 1], encoder_out=encoder_out, incremental_state=state)
+        steps.append(model.get_normalized_probs((logits, None), log_probs=True))
+    return torch.cat(steps, dim=1), state
+
+
+@pytest.mark.parametrize("span", SPANS.values(), ids=SPANS.keys())
+@pytest.mark.parametrize("flags", VARIANTS.values(), ids=VARIANTS.keys())
+def test_incremental_decoding_equals_teacher_forcing(flags, span):
+    model, d = tiny_translation_model("--memory-span", str(span), *flags)
+    model.eval()
+    src, src_lengths, prev = batch(d)
+    expected = teacher_forced(model, src, src_lengths, prev)
+    got, _ = incremental(model, model.encoder(src, src_lengths), prev)
+    assert torch.isfinite(expected).all()
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("flags", VARIANTS.values(), ids=VARIANTS.keys())
+def test_reorder_follows_hypotheses_when_the_batch_shrinks(flags):
+    """Reordering mid-sentence, while dropping rows as beam search does when a
+    sentence finishes, continues each kept row's own history."""
+    model, d = tiny_translation_model("--memory-span", "4", *flags)
+    model.eval()
+    src, src_lengths, prev = batch(d, rows=4)
+    encoder_out = model.encoder(src, src_lengths)
+    _, state = incremental(model, encoder_out, prev[:, :3])
+    new_order = torch.tensor([2, 0, 2])  # drop row 1 and 3, duplicate row 2
+    model.decoder.reorder_incremental_state_scripting(state, new_order)
+    encoder_out = model.encoder.reorder_encoder_out(encoder_out, new_order)
+    prev = prev[new_order]
+    steps = []
+    for t in range(3, prev.size(1)):
+        logits, _ = model.decoder(prev[:, : t + 1], encoder_out=encoder_out, incremental_state=state)
+        steps.append(model.get_normalized_probs((logits, None), log_probs=True))
+    expected = teacher_forced(model, src[new_order], src_lengths[new_order], prev)[:, 3:]
+    torch.testing.assert_close(torch.cat(steps, dim=1), expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("flags", [[], ["--per-layer-kv", "--decoder-normalize-before"]], ids=["shared", "per-layer"])
+def test_beam_search_scores_equal_teacher_forced_scores(flags):
+    model, d = tiny_translation_model("--memory-span", "5", *flags)
+    model.eval()
+    # a strong bias towards EOS after a few tokens makes sentences finish at
+    # different steps, so the beam's batch shrinks while decoding
+    model.decoder.output_projection.weight.data[d.eos()] *= 4
+    src, src_lengths, _ = batch(d, rows=4)
+    generator = SequenceGenerator([model], d, beam_size=5, max_len_b=12)
+    hypos = generator.generate([model], {"net_input": {"src_tokens": src, "src_lengths": src_lengths}})
+    lengths = {len(h[0]["tokens"]) for h in hypos}
+    assert len(lengths) > 1, "all sentences ended together; the shrinking batch went untested"
+    for i, nbest in enumerate(hypos):
+        for hypo in nbest:
+            tokens = hypo["tokens"]
+            prev = torch.cat([tokens.new_tensor([d.eos()]), tokens[:-1]]).unsqueeze(0)
+            lprobs = teacher_forced(model, src[i : i + 1], src_lengths[i : i + 1], prev)[0]
+            scores = lprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)
+            torch.testing.assert_close(hypo["positional_scores"], scores, atol=1e-4, rtol=0)
+
+
+def reference_log_probs(model, src, src_lengths, prev):
+    """Section 3.3 written plainly, with torch.cat, reusing only the model's
+    parameters: m_t = sum_l softmax(w)_l x_t^l; layer l at step t attends to
+    [m_{t-span}, ..., m_{t-1}] (m_{-1} = 0) through k = W_k m, v = W_v m."""
+    dec = model.decoder
+    encoder_out = model.encoder(src, src_lengths)
+    enc, enc_pad = encoder_out["encoder_out"][0], encoder_out["encoder_padding_mask"][0]
+    rows, steps = prev.shape
+    x0 = dec.embed(prev, dec.embed_positions(prev))
+    mem = dec.memory
+    heads, head_dim, pre_norm = mem.num_heads, mem.head_dim, dec.cfg.decoder.normalize_before
+    w = torch.softmax(mem.layer_weights, dim=0)
+
+    def attention(q, k, v, bias):  # q [B, H, dh]; k, v [B, H, N, dh]
+        scores = torch.einsum("bhd,bhnd->bhn", q, k) / math.sqrt(head_dim) + bias
+        return torch.einsum("bhn,bhnd->bhd", torch.softmax(scores, -1), v).reshape(rows, -1)
+
+    def sublayer(h, norm, f):
+        out = h + f(norm(h) if pre_norm else h)
+        return out if pre_norm else norm(out)
+
+    memories = torch.zeros(1, rows, dec.embed_dim)  # m_{-1}
+    outputs = []
+    for t in range(steps):
+        window = memories[-dec.span :]
+        kv = mem.kv_proj(mem.layer_norm(window) if pre_norm else window)
+        kv = kv.view(len(window), rows, -1, heads, head_dim).permute(2, 1, 3, 0, 4)  # [planes, B, H, N, dh]
+        position_bias = 0.0
+        h, states = x0[t], [x0[t]]
+        for l, layer in enumerate(dec.layers):
+            plane = 0 if mem.shared_kv else 2 * l
+            q_proj = layer.self_attn.q_proj
+            if dec.key_positions is not None:
+                q = q_proj(layer.self_attn_layer_norm(h) if pre_norm else h).view(rows, heads, head_dim)
+                position_bias = q @ dec.key_positions[-len(window):].t() / math.sqrt(head_dim)
+            h = sublayer(h, layer.self_attn_layer_norm, lambda x: layer.self_attn.out_proj(
+                attention(q_proj(x).view(rows, heads, head_dim), kv[plane], kv[plane + 1], position_bias)))
+            ea = layer.encoder_attn
+            ek = ea.k_proj(enc).view(-1, rows, ea.num_heads, ea.head_dim).permute(1, 2, 0, 3)
+            ev = ea.v_proj(enc).view(-1, rows, ea.num_heads, ea.head_dim).permute(1, 2, 0, 3)
+            pad_bias = enc_pad[:, None, :].float() * -1e9
+            h = sublayer(h, layer.encoder_attn_layer_norm, lambda x: ea.out_proj(
+                attention(ea.q_proj(x).view(rows, ea.num_heads, ea.head_dim), ek, ev, pad_bias)))
+            h = sublayer(h, layer.final_layer_norm, lambda x: layer.fc2(F.relu(layer.fc1(x))))
+            states.append(h)
+        outputs.append(h)
+        m_t = sum(w[l] * states[l] for l in range(len(states)))
+        memories = torch.cat([memories, m_t.unsqueeze(0)])
+    x = torch.stack(outputs)
+    if dec.layer_norm is not None:
+        x = dec.layer_norm(x)
+    return F.log_softmax(dec.output_layer(x.transpose(0, 1)), dim=-1)
+
+
+@pytest.mark.parametrize("span", SPANS.values(), ids=SPANS.keys())
+@pytest.mark.parametrize("flags", VARIANTS.values(), ids=VARIANTS.keys())
+def test_gradients_equal_a_plain_reference(flags, span):
+    model, d = tiny_translation_model("--memory-span", str(span), "--dropout", "0", *flags)
+    model.train()  # the training path, with dropout 0 so that it is deterministic
+    src, src_lengths, prev = batch(d)
+    # train the layer weights away from uniform so every term of eq. 1 matters
+    torch.nn.init.normal_(model.decoder.memory.layer_weights)
+    target = torch.randint(d.nspecial, len(d), prev.shape)
+
+    def gradients(log_probs):
+        model.zero_grad()
+        F.nll_loss(log_probs.view(-1, log_probs.size(-1)), target.view(-1)).backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    got_lp = teacher_forced(model, src, src_lengths, prev)
+    got = gradients(got_lp)
+    expected_lp = reference_log_probs(model, src, src_lengths, prev)
+    expected = gradients(expected_lp)
+    torch.testing.assert_close(got_lp, expected_lp, atol=1e-5, rtol=0)
+    assert got.keys() == expected.keys()
+    assert "decoder.memory.layer_weights" in got and "decoder.memory.kv_proj.weight" in got
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_layerdrop_gives_a_dropped_layers_weight_to_the_output_it_passes_on():
+    model, _ = tiny_translation_model()
+    memory = model.decoder.memory
+    torch.nn.init.normal_(memory.layer_weights)
+    w = torch.softmax(memory.layer_weights, 0)
+    # layers 0 and 2 of 3 ran: x^2 = x^1, so x^1 carries w_1 + w_2
+    expected = torch.stack([w[0], w[1] + w[2], w[3]])
+    torch.testing.assert_close(memory.mixing_weights([0, 2]), expected)
+    torch.testing.assert_close(memory.mixing_weights([0, 1, 2]), w)
+
+
+def test_layerdrop_trains_and_decodes():
+    model, d = tiny_translation_model("--decoder-layerdrop", "0.5")
+    src, src_lengths, prev = batch(d)
+    model.train()
+    teacher_forced(model, src, src_lengths, prev).sum().backward()
+    model.eval()
+    expected = teacher_forced(model, src, src_lengths, prev)
+    got, _ = incremental(model, model.encoder(src, src_lengths), prev)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+
+
+def test_beam_hypotheses_share_encoder_keys_but_unrelated_rows_do_not():
+    """Beam search stores encoder keys/values once per sentence; a beam size
+    left over from an earlier search must not merge rows of other sentences."""
+    model, d = tiny_translation_model()
+    model.eval()
+    model.set_beam_size(2)
+    src, src_lengths, prev = batch(d, rows=4)
+    expected = teacher_forced(model, src, src_lengths, prev)
+    got, state = incremental(model, model.encoder(src, src_lengths), prev)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+    (memory_state,) = state.values()
+    assert memory_state["encoder_kv"].size(2) == 4
+
+    pairs = torch.arange(2).repeat_interleave(2)  # two hypotheses of each of 2 sentences
+    got, state = incremental(model, model.encoder(src[pairs], src_lengths[pairs]), prev[pairs])
+    torch.testing.assert_close(got, teacher_forced(model, src[pairs], src_lengths[pairs], prev[pairs]), atol=1e-5, rtol=0)
+    (memory_state,) = state.values()
+    assert memory_state["encoder_kv"].size(2) == 2
