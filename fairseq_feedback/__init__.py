@@ -6,4 +6,4 @@ from .safe_checkpoints import allow_fairseq_checkpoints
 allow_fairseq_checkpoints()
 install_excepthook()
 
-from . import models  # noqa: E402  (registers the models)
+from . import models, tasks  # noqa: E402,F401  (registers the models and the task)

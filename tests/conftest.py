@@ -41,3 +41,22 @@ def tiny_translation_model(*flags, arch="feedback_transformer", dictionary=None,
 def _deterministic():
     torch.manual_seed(0)
     yield
+
+
+def tiny_lm(*flags, dictionary=None, labels=None, seed=0):
+    """A small feedback_lm and its task, built through fairseq's config system."""
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    from fairseq_feedback.tasks import FeedbackLanguageModelingTask
+
+    dictionary = dictionary or make_dictionary()
+    args = options.parse_args_and_arch(
+        options.get_training_parser(),
+        ["unused", "--task", "feedback_language_modeling", "--arch", "feedback_lm", "--decoder-layers", "3",
+         "--decoder-embed-dim", "16", "--decoder-ffn-embed-dim", "32", "--decoder-attention-heads", "2",
+         "--dropout", "0", *flags],
+    )
+    cfg = convert_namespace_to_omegaconf(args)
+    task = FeedbackLanguageModelingTask(cfg.task, dictionary, labels)
+    torch.manual_seed(seed)
+    return task.build_model(cfg.model), task

@@ -177,17 +177,6 @@ def test_gradients_equal_a_plain_reference(flags, span):
         torch.testing.assert_close(got[name], expected[name], atol=1e-5, rtol=1e-4, msg=name)
 
 
-def test_layerdrop_gives_a_dropped_layers_weight_to_the_output_it_passes_on():
-    model, _ = tiny_translation_model()
-    memory = model.decoder.memory
-    torch.nn.init.normal_(memory.layer_weights)
-    w = torch.softmax(memory.layer_weights, 0)
-    # layers 0 and 2 of 3 ran: x^2 = x^1, so x^1 carries w_1 + w_2
-    expected = torch.stack([w[0], w[1] + w[2], w[3]])
-    torch.testing.assert_close(memory.mixing_weights([0, 2]), expected)
-    torch.testing.assert_close(memory.mixing_weights([0, 1, 2]), w)
-
-
 def test_layerdrop_trains_and_decodes():
     model, d = tiny_translation_model("--decoder-layerdrop", "0.5")
     src, src_lengths, prev = batch(d)

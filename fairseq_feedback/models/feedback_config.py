@@ -23,11 +23,28 @@ class FeedbackConfig(FairseqDataclass):
         default=None,
         metadata={"help": "dimension of each memory-attention head (default: embed dim / heads)"},
     )
+    no_feedback: bool = field(
+        default=False,
+        metadata={"help": "the transformer baseline: each layer attends to the past of its own input "
+                          "(Transformer-XL caching), through the same code, cache and task"},
+    )
     relative_positions: bool = field(
         default=False,
         metadata={"help": "add learned key-side relative position embeddings over the span, "
                           "shared by all layers and heads (the paper's language models)"},
     )
+
+
+def decoder_config(args):
+    """fairseq's TransformerConfig for the decoder, with the feedback options
+    on it (from_namespace drops unknown options of a DictConfig)."""
+    from fairseq.models.transformer import TransformerConfig
+
+    cfg = TransformerConfig.from_namespace(args)
+    for name in FeedbackConfig.__dataclass_fields__:
+        if not name.startswith("_"):
+            setattr(cfg, name, getattr(args, name))
+    return cfg
 
 
 def check_feedback_args(args) -> None:

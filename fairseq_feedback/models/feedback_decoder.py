@@ -11,6 +11,7 @@ Training, teacher-forced decoding and incremental decoding all run the loop in
 (one key/value buffer for all layers) carried from one call to the next.
 """
 
+import sys
 from typing import Dict, List, Optional
 
 import torch
@@ -30,12 +31,13 @@ class FeedbackDecoder(TransformerDecoderBase):
     def __init__(self, cfg, dictionary, embed_tokens, no_encoder_attn=False, output_projection=None):
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn, output_projection)
         self.span = cfg.memory_span
+        self.feedback = not cfg.no_feedback
         heads = cfg.decoder.attention_heads
         head_dim = cfg.head_dim or self.embed_dim // heads
         self.memory = FeedbackMemory(
             self.embed_dim, self.num_layers, heads, head_dim,
             shared_kv=not cfg.per_layer_kv, normalize_before=cfg.decoder.normalize_before,
-        )
+        ) if self.feedback else None
         # row span - d embeds distance d, so a window's last rows line up with it
         self.key_positions = (
             nn.Parameter(torch.randn(self.span, head_dim) * head_dim**-0.5)
@@ -43,7 +45,7 @@ class FeedbackDecoder(TransformerDecoderBase):
         )
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
-        return FeedbackDecoderLayer(cfg, no_encoder_attn, memory_head_dim=cfg.head_dim)
+        return FeedbackDecoderLayer(cfg, no_encoder_attn, memory_head_dim=cfg.head_dim, own_memory=cfg.no_feedback)
 
     def embed(self, tokens: Tensor, positions: Optional[Tensor]) -> Tensor:
         """x^0: tokens [batch, time] -> [time, batch, embed], as fairseq's decoder embeds them."""
@@ -58,17 +60,25 @@ class FeedbackDecoder(TransformerDecoderBase):
             x = self.layernorm_embedding(x)
         return self.dropout_module(x).transpose(0, 1)
 
-    def extract_features_scriptable(
+    def forward(self, prev_output_tokens, encoder_out=None, incremental_state=None, features_only=False,
+                stream_state=None, **unused):
+        x, extra = self.extract_features(prev_output_tokens, encoder_out, incremental_state, stream_state)
+        return (x if features_only else self.output_layer(x)), extra
+
+    def extract_features(
         self,
         prev_output_tokens: Tensor,
         encoder_out: Optional[Dict[str, List[Tensor]]] = None,
         incremental_state: Optional[IncrementalState] = None,
-        full_context_alignment: bool = False,
-        alignment_layer: Optional[int] = None,
-        alignment_heads: Optional[int] = None,
+        stream_state: Optional[Dict[str, Tensor]] = None,
+        **unused,
     ):
+        """`incremental_state`: fairseq's decoding protocol; the memory's keys
+        and values carry over and each call after the first feeds its last token.
+        `stream_state`: a language model's stream, block after block; the memory
+        vectors carry over (detached) and are projected again with the current
+        weights, as in the official code and Transformer-XL."""
         state = self.get_incremental_state(incremental_state, "memory")
-        # like fairseq's decoders, a call that continues a state feeds only its last token
         new_tokens = prev_output_tokens if state is None else prev_output_tokens[:, -1:]
         positions = None
         if self.embed_positions is not None:
@@ -78,46 +88,59 @@ class FeedbackDecoder(TransformerDecoderBase):
         x = self.embed(new_tokens, positions)
         steps, batch, _ = x.shape
 
+        carried = None if stream_state is None else stream_state.get("memory")
         if state is None:
-            # the buffer holds m_{-1} and one slot per step: never grown while
-            # autograd holds views of it; decoding gets room to append to
-            room = 0 if incremental_state is None else 16
-            kv = self.memory.project(x.new_zeros(1, batch, self.embed_dim))
-            memory = KeyValueBuffer.empty(1 + steps + room, like=kv)
-            window = memory.append(kv, self.span)
+            room = 0 if incremental_state is None else 16  # decoding appends later
+            memories, windows = self._start_memories(carried, batch, steps + room)
             encoder_kv = self._encoder_keys_values(encoder_out, self._sentence_rows(incremental_state, encoder_out))
         else:
-            memory = KeyValueBuffer(state["memory"], int(state["length"]))
-            window = memory.window(self.span)
+            memories = self._memories_in(state)
+            windows = [memory.window(self.span) for memory in memories]
             encoder_kv = state["encoder_kv"]
         encoder_bias = self._encoder_attention_mask(encoder_out, encoder_kv)
 
         layers = list(self.layers)  # in training, LayerDrop leaves some out here
-        active = [i for i in range(self.num_layers) if self.layers[i] in layers]
-        mix = self.memory.mixing_weights(active).unbind()
-        layer_encoder_kv = [None if encoder_kv is None else encoder_kv[i] for i in active]
+        active = [self.layers[i] in layers for i in range(self.num_layers)]
+        all_layers = [self.layers[i] for i in range(self.num_layers)]
+        layer_encoder_kv = [None] * self.num_layers if encoder_kv is None else encoder_kv.unbind()
+        mix = self.memory.mixing_weights().unbind() if self.feedback else None
         keep_last_memory = incremental_state is not None
+        stream_inputs = [] if stream_state is not None else None  # what the next block's memory is made of
 
         outputs = []
         for t in range(steps):
             h = x[t]
-            m = h * mix[0]
-            layer_kv = self.memory.keys_values(window)
-            positions = None if self.key_positions is None else self.key_positions[-window.size(0):]
-            for j, (index, layer) in enumerate(zip(active, layers)):
-                keys, values = layer_kv[index]
-                h = layer.step(h, keys, values, positions, layer_encoder_kv[j], encoder_bias)
-                m = torch.addcmul(m, h, mix[j + 1])  # eq. 1, accumulated layer by layer
+            if self.feedback:
+                m = h * mix[0]
+                layer_kv = self.memory.keys_values(windows[0])
+            else:
+                layer_inputs = []
+            for i, layer in enumerate(all_layers):
+                if self.feedback:
+                    keys, values = layer_kv[i]
+                else:  # the baseline: a layer attends to its own input's past, itself included
+                    layer_inputs.append(h)
+                    if not active[i]:
+                        continue
+                    windows[i] = memories[i].append(layer.project_own_memory(h.unsqueeze(0)), self.span)
+                    keys, values = self.memory_planes(windows[i])
+                if active[i]:
+                    positions = None if self.key_positions is None else self.key_positions[-keys.size(2):]
+                    h = layer.step(h, keys, values, positions, layer_encoder_kv[i], encoder_bias)
+                if self.feedback:
+                    m = torch.addcmul(m, h, mix[i + 1])  # eq. 1; a dropped layer passes its input on
             outputs.append(h)
-            if t < steps - 1 or keep_last_memory:
-                window = memory.append(self.memory.project(m.unsqueeze(0)), self.span)
+            if self.feedback and (t < steps - 1 or keep_last_memory):
+                windows[0] = memories[0].append(self.memory.project(m.unsqueeze(0)), self.span)
+            if stream_inputs is not None:
+                stream_inputs.append(m if self.feedback else torch.stack(layer_inputs))
 
         if incremental_state is not None:
-            self.set_incremental_state(incremental_state, "memory", {
-                "memory": memory.slots,
-                "length": torch.tensor(memory.length),  # on the CPU: reading it never syncs a GPU
-                "encoder_kv": encoder_kv,
-            })
+            self.set_incremental_state(
+                incremental_state, "memory", {**self._memory_state(memories), "encoder_kv": encoder_kv}
+            )
+        if stream_state is not None:
+            stream_state["memory"] = self._next_stream_memory(carried, torch.stack(stream_inputs), batch)
 
         x = torch.stack(outputs)
         if self.layer_norm is not None:
@@ -126,6 +149,60 @@ class FeedbackDecoder(TransformerDecoderBase):
         if self.project_out_dim is not None:
             x = self.project_out_dim(x)
         return x, {"attn": [None], "inner_states": [x]}
+
+    @staticmethod
+    def _memory_state(memories: List[KeyValueBuffer]) -> Dict[str, Tensor]:
+        state = {f"memory{i}": memory.slots for i, memory in enumerate(memories)}
+        state["length"] = torch.tensor(memories[0].length)  # on the CPU: reading it never syncs a GPU
+        return state
+
+    @staticmethod
+    def _memories_in(state) -> List[KeyValueBuffer]:
+        length = int(state["length"])
+        return [KeyValueBuffer(state[key], length) for key in sorted(state) if key.startswith("memory")]
+
+    def _start_memories(self, carried: Optional[Tensor], batch: int, steps: int):
+        """Key/value buffers and the windows step 0 reads. Feedback: one
+        buffer, starting with the carried memory vectors or m_{-1} = 0.
+        Baseline: one buffer per layer, starting with the layer's carried inputs."""
+        if self.feedback:
+            initial = carried if carried is not None else self._zero_memory(batch)
+            kv = self.memory.project(initial)
+            memory = KeyValueBuffer.empty(kv.size(0) + steps, like=kv)
+            return [memory], [memory.append(kv, self.span)]
+        memories, windows = [], []
+        for i in range(self.num_layers):
+            initial = carried[i] if carried is not None else self._zero_memory(batch)[:0]
+            kv = self.layers[i].project_own_memory(initial)
+            memory = KeyValueBuffer.empty(kv.size(0) + steps, like=kv)
+            memories.append(memory)
+            windows.append(memory.append(kv, self.span))
+        return memories, windows
+
+    def _next_stream_memory(self, carried: Optional[Tensor], block: Tensor, batch: int) -> Tensor:
+        """The last `span` memory vectors (feedback: [slots, batch, embed]) or
+        layer inputs (baseline: [layers, slots, batch, embed]), detached."""
+        if self.feedback:
+            previous = carried if carried is not None else self._zero_memory(batch)
+            return torch.cat([previous, block])[-self.span :].detach()
+        block = block.transpose(0, 1)  # [layers, steps, batch, embed]
+        memory = block if carried is None else torch.cat([carried, block], dim=1)
+        return memory[:, -self.span :].detach()
+
+    def _zero_memory(self, batch: int) -> Tensor:
+        """m_{-1}, in the model's dtype and device."""
+        return next(self.parameters()).new_zeros(1, batch, self.embed_dim)
+
+    @staticmethod
+    def memory_planes(window: Tensor):
+        """A layer's own window [slots, 2, batch, heads, head_dim] as keys and
+        values [batch, heads, slots, head_dim]."""
+        planes = window.permute(1, 2, 3, 0, 4)
+        return planes[0], planes[1]
+
+    def max_positions(self):
+        """Relative positions set no limit on the length; absolute ones do."""
+        return super().max_positions() if self.embed_positions is not None else sys.maxsize
 
     def set_beam_size(self, beam_size):
         super().set_beam_size(beam_size)
@@ -164,9 +241,9 @@ class FeedbackDecoder(TransformerDecoderBase):
         state = self.get_incremental_state(incremental_state, "memory")
         if state is None:
             return
-        rows = state["memory"].size(2)
-        memory = KeyValueBuffer(state["memory"], int(state["length"])).reorder(new_order, self.span)
-        state["memory"], state["length"] = memory.slots, torch.tensor(memory.length)
+        rows = state["memory0"].size(2)
+        memories = [memory.reorder(new_order, self.span) for memory in self._memories_in(state)]
+        state.update(self._memory_state(memories))
         encoder_kv = state["encoder_kv"]
         if encoder_kv is not None and encoder_kv.size(2) == rows:
             state["encoder_kv"] = encoder_kv.index_select(2, new_order)

@@ -57,16 +57,21 @@ class FeedbackAttention(nn.Module):
 
     The memory's keys and values are not projected here: they are projected
     once per memory vector for all layers (FeedbackMemory), which is what makes
-    the feedback decoder cheap per token.
+    the feedback decoder cheap per token. The transformer baseline
+    (`own_memory`) attends to its own layer's inputs instead, so it projects
+    their keys and values itself, like any self-attention.
     """
 
-    def __init__(self, embed_dim, num_heads, head_dim, dropout=0.0, q_noise=0.0, qn_block_size=8):
+    def __init__(self, embed_dim, num_heads, head_dim, dropout=0.0, q_noise=0.0, qn_block_size=8, own_memory=False):
         super().__init__()
         self.num_heads, self.head_dim, self.dropout = num_heads, head_dim, dropout
         self.q_proj = quant_noise(nn.Linear(embed_dim, num_heads * head_dim), q_noise, qn_block_size)
         self.out_proj = quant_noise(nn.Linear(num_heads * head_dim, embed_dim), q_noise, qn_block_size)
+        self.kv_proj = nn.Linear(embed_dim, 2 * num_heads * head_dim) if own_memory else None
         # fairseq's MultiheadAttention initialisation, so the decoders start alike
-        nn.init.xavier_uniform_(self.q_proj.weight, gain=2**-0.5)
+        for proj in (self.q_proj, self.kv_proj):
+            if proj is not None:
+                nn.init.xavier_uniform_(proj.weight, gain=2**-0.5)
         nn.init.xavier_uniform_(self.out_proj.weight)
         nn.init.constant_(self.out_proj.bias, 0.0)
 

@@ -15,16 +15,25 @@ from .feedback_attention import FeedbackAttention, attend_one_step
 
 
 class FeedbackDecoderLayer(TransformerDecoderLayerBase):
-    def __init__(self, cfg, no_encoder_attn=False, memory_head_dim=None):
+    def __init__(self, cfg, no_encoder_attn=False, memory_head_dim=None, own_memory=False):
         # read by build_self_attention, which the base constructor calls
         self.memory_head_dim = memory_head_dim or cfg.decoder.embed_dim // cfg.decoder.attention_heads
+        self.own_memory = own_memory
         super().__init__(cfg, no_encoder_attn)
 
     def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
         return FeedbackAttention(
             embed_dim, cfg.decoder.attention_heads, self.memory_head_dim,
-            cfg.attention_dropout, self.quant_noise, self.quant_noise_block_size,
+            cfg.attention_dropout, self.quant_noise, self.quant_noise_block_size, own_memory=self.own_memory,
         )
+
+    def project_own_memory(self, x: Tensor) -> Tensor:
+        """The transformer baseline's keys and values of this layer's inputs:
+        [slots, batch, embed] -> [slots, 2, batch, heads, head_dim]."""
+        if self.normalize_before:
+            x = self.self_attn_layer_norm(x)
+        attn, (slots, batch, _) = self.self_attn, x.shape
+        return attn.kv_proj(x).view(slots, batch, 2, attn.num_heads, attn.head_dim).transpose(1, 2)
 
     def encoder_keys_values(self, encoder_out: Tensor) -> Tensor:
         """Projects the encoder output ([src_len, batch, embed]) once per

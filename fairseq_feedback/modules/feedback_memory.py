@@ -9,8 +9,6 @@ projection serves every layer; with per-layer keys and values each layer has
 its own, but all are still computed once per memory vector, in one matmul.
 """
 
-from typing import List
-
 import torch
 import torch.nn.functional as F
 from fairseq.modules import LayerNorm
@@ -31,17 +29,8 @@ class FeedbackMemory(nn.Module):
         self.kv_proj = nn.Linear(embed_dim, self.planes * num_heads * head_dim)
         nn.init.xavier_uniform_(self.kv_proj.weight, gain=2**-0.5)
 
-    def mixing_weights(self, active_layers: List[int]) -> Tensor:
-        """softmax(w) over [x^0, output of each active layer]. A layer skipped
-        by LayerDrop passes its input on unchanged, so its weight goes to the
-        output of the last active layer below it."""
-        owner, seen = [0], 0
-        for layer in range(self.num_layers):
-            seen += layer in active_layers
-            owner.append(seen)
-        weights = F.softmax(self.layer_weights, dim=0)
-        owner = torch.tensor(owner, device=weights.device)
-        return weights.new_zeros(len(active_layers) + 1).index_add(0, owner, weights)
+    def mixing_weights(self) -> Tensor:
+        return F.softmax(self.layer_weights, dim=0)
 
     def project(self, memory: Tensor) -> Tensor:
         """[slots, batch, embed] -> keys and values [slots, planes, batch, heads, head_dim]."""

@@ -1,0 +1,3 @@
+from .feedback_language_modeling import FeedbackLanguageModelingTask
+
+__all__ = ["FeedbackLanguageModelingTask"]

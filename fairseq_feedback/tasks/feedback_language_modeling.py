@@ -1,0 +1,217 @@
+"""Language modelling over contiguous streams, delivered block by block.
+
+A split is one token stream (fairseq-preprocess --only-source). It is cut
+into blocks of --tokens-per-sample tokens by fairseq's TokenBlockDataset and
+dealt, in order, into as many contiguous streams as there are batch rows over
+all workers; each worker reads its own rows. Batch k holds block k of every
+stream, and the model carries each stream's memory from block k-1 to block k
+(FeedbackLanguageModel.forward), so every token of the split is a target
+exactly once and sees the same context whatever the block length.
+
+fairseq's truncated_bptt example works the same way but drops a token per
+block and leftover blocks; this task scores every token and keeps the memory
+of training and validation apart.
+
+With --labels the model predicts an aligned target stream instead of the
+next token: at each input position, the label at that position (the paper's
+algorithmic tasks, where the input holds actions and the labels positions).
+"""
+
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+from fairseq import utils
+from fairseq.data import Dictionary, FairseqDataset, TokenBlockDataset, data_utils, iterators
+from fairseq.tasks import register_task
+from fairseq.tasks.language_modeling import LanguageModelingConfig, LanguageModelingTask
+
+from ..errors import FeedbackUsageError
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class FeedbackLanguageModelingConfig(LanguageModelingConfig):
+    labels: Optional[str] = field(
+        default=None,
+        metadata={"help": "folder inside the data directory holding an aligned target stream "
+                          "(fairseq-preprocess --only-source of the labels files): at each position "
+                          "predict its label instead of the next token"},
+    )
+    ignore_label: str = field(default="_", metadata={"help": "the label of positions that carry no loss"})
+
+
+class StreamBlockDataset(FairseqDataset):
+    """Item k is block k of each stream this worker reads, as one batch.
+
+    The split's blocks, in order, are dealt into `num_streams` contiguous runs
+    whose lengths differ by at most one block; this worker reads runs `rows`.
+    Every worker takes as many steps as the longest run, so that distributed
+    workers stay in step.
+    """
+
+    def __init__(self, name, tokens, labels, no_loss, num_streams, rows, block, pad):
+        self.name, self.tokens, self.labels, self.no_loss = name, tokens, labels, no_loss
+        self.block, self.pad = block, pad
+        bounds = [len(tokens) * s // num_streams for s in range(num_streams + 1)]
+        self.runs = [(bounds[s], bounds[s + 1] - bounds[s]) for s in rows]
+        self.steps = max(b - a for a, b in zip(bounds, bounds[1:]))
+
+    def source_and_target(self, i):
+        if self.labels is None:  # the input is the stream shifted right by one token
+            source, target, _ = self.tokens[i]
+            return source, target
+        target = self.labels[i].clone()
+        target[torch.isin(target, self.no_loss)] = self.pad
+        return self.tokens[i], target
+
+    def __len__(self):
+        return self.steps
+
+    def __getitem__(self, k):
+        sources = torch.full((len(self.runs), self.block), self.pad, dtype=torch.long)
+        targets = torch.full_like(sources, self.pad)
+        for row, (start, length) in enumerate(self.runs):
+            if k < length:
+                source, target = self.source_and_target(start + k)
+                sources[row, : len(source)] = source
+                targets[row, : len(target)] = target
+        return {"id": k, "source": sources, "target": targets}
+
+    def collater(self, samples):
+        (item,) = samples
+        k, source, target = item["id"], item["source"], item["target"]
+        return {
+            "id": torch.arange(len(source)) + k * len(source),
+            "nsentences": len(source),
+            "ntokens": int(target.ne(self.pad).sum()),  # what is scored, not what is read
+            "net_input": {
+                "src_tokens": source,
+                "src_lengths": source.ne(self.pad).sum(1),
+                "stream": self.name,
+                "block": k,
+            },
+            "target": target,
+        }
+
+    def num_tokens(self, index):
+        return len(self.runs) * self.block
+
+    def size(self, index):
+        return self.block
+
+    @property
+    def sizes(self):
+        return [self.block] * self.steps
+
+
+@register_task("feedback_language_modeling", dataclass=FeedbackLanguageModelingConfig)
+class FeedbackLanguageModelingTask(LanguageModelingTask):
+    @classmethod
+    def setup_dictionary(cls, args, **kwargs):
+        dictionary, output_dictionary = super().setup_dictionary(args, **kwargs)
+        if args.labels:
+            path = os.path.join(utils.split_paths(args.data)[0], args.labels, "dict.txt")
+            if not os.path.exists(path):
+                raise FeedbackUsageError(f"labels dictionary {path} not found: binarize the labels with "
+                                         f"fairseq-preprocess --only-source --destdir {os.path.dirname(path)}")
+            output_dictionary = Dictionary.load(path)
+        return dictionary, output_dictionary
+
+    def load_dataset(self, split, epoch=1, combine=False, **kwargs):
+        """Keeps the split's tokens (and labels); blocks are dealt into streams
+        in get_batch_iterator, once the number of batch rows is known."""
+        paths = utils.split_paths(self.args.data)
+        path = paths[(epoch - 1) % len(paths)]
+        tokens = self._load_tokens(path, split, self.dictionary)
+        labels = None
+        if self.args.labels:
+            labels = self._load_tokens(os.path.join(path, self.args.labels), split, self.output_dictionary)
+            self._check_aligned(tokens, labels, os.path.join(path, split), os.path.join(path, self.args.labels, split))
+        self.datasets[split] = SplitStream(split, tokens, labels)
+
+    @staticmethod
+    def _load_tokens(path, split, dictionary):
+        tokens = data_utils.load_indexed_dataset(os.path.join(path, split), dictionary)
+        if tokens is None:
+            raise FeedbackUsageError(f"split '{split}' not found in {path}: expected {split}.bin and {split}.idx "
+                                     "from fairseq-preprocess --only-source")
+        return tokens
+
+    @staticmethod
+    def _check_aligned(tokens, labels, tokens_path, labels_path):
+        mismatch = next((i for i, (a, b) in enumerate(zip(tokens.sizes, labels.sizes)) if a != b), None)
+        if len(tokens.sizes) != len(labels.sizes) or mismatch is not None:
+            where = f"line {mismatch + 1}" if mismatch is not None else "the line count"
+            raise FeedbackUsageError(
+                f"labels {labels_path} do not align with {tokens_path} ({where} differs): "
+                "each labels line needs exactly one label per input token"
+            )
+
+    def get_batch_iterator(self, dataset, max_tokens=None, max_sentences=None, max_positions=None,
+                           num_shards=1, shard_id=0, epoch=1, num_workers=0, **kwargs):
+        if not isinstance(dataset, SplitStream):  # prompts for sampling and scoring
+            return super().get_batch_iterator(
+                dataset, max_tokens=max_tokens, max_sentences=max_sentences, max_positions=max_positions,
+                num_shards=num_shards, shard_id=shard_id, epoch=epoch, num_workers=num_workers, **kwargs)
+        block = self.args.tokens_per_sample
+        if max_positions is not None and block > max_positions:
+            raise FeedbackUsageError(f"--tokens-per-sample {block} is longer than the model allows "
+                                     f"({max_positions}): use shorter blocks")
+        rows = max_sentences or max(1, (max_tokens or block) // block)
+        streams = dataset.blocks(block, self.source_dictionary, self.output_dictionary, self.args.ignore_label,
+                                 rows, num_shards, shard_id)
+        return iterators.EpochBatchIterator(
+            dataset=streams,
+            collate_fn=streams.collater,
+            batch_sampler=[[k] for k in range(len(streams))],
+            num_workers=num_workers,
+            epoch=epoch,
+            disable_shuffling=True,  # block k must follow block k-1
+        )
+
+    def eval_lm_dataloader(self, dataset, max_tokens=36000, batch_size=None, max_positions=None,
+                           num_shards=1, shard_id=0, num_workers=1, data_buffer_size=10, context_window=0):
+        if context_window > 0:
+            raise FeedbackUsageError("--context-window is not needed: the memory carries the context "
+                                     "across blocks; drop the flag")
+        if self.args.labels:
+            raise FeedbackUsageError("fairseq-eval-lm scores next-token prediction; drop --labels")
+        return self.get_batch_iterator(dataset, max_tokens=max_tokens, max_sentences=batch_size,
+                                       max_positions=max_positions, num_shards=num_shards, shard_id=shard_id,
+                                       num_workers=num_workers).next_epoch_itr(shuffle=False)
+
+
+class SplitStream(FairseqDataset):
+    """A loaded split: its tokens (and labels) as one stream, before blocking."""
+
+    def __init__(self, name, tokens, labels=None):
+        self.name, self.tokens, self.labels = name, tokens, labels
+
+    def __len__(self):
+        return len(self.tokens)
+
+    @property
+    def sizes(self):
+        return self.tokens.sizes
+
+    def blocks(self, block, dictionary, output_dictionary, ignore_label, rows, num_shards, shard_id):
+        def cut(tokens, include_targets):
+            return TokenBlockDataset(tokens, tokens.sizes, block, pad=dictionary.pad(), eos=dictionary.eos(),
+                                     break_mode="none", include_targets=include_targets)
+
+        labels = no_loss = None
+        if self.labels is not None:
+            labels = cut(self.labels, include_targets=False)
+            no_loss = torch.tensor([output_dictionary.index(ignore_label), output_dictionary.eos()])
+        tokens = cut(self.tokens, include_targets=labels is None)
+        dataset = StreamBlockDataset(self.name, tokens, labels, no_loss, rows * num_shards,
+                                     range(shard_id * rows, (shard_id + 1) * rows), block, dictionary.pad())
+        scored = int(sum(self.tokens.sizes)) if labels is None else sum(
+            int(dataset.source_and_target(i)[1].ne(dictionary.pad()).sum()) for i in range(len(tokens)))
+        logger.info(f"{self.name}: {scored} tokens, each scored once, in {rows * num_shards} streams of "
+                    f"up to {dataset.steps} blocks of {block} tokens ({rows} streams on this worker)")
+        return dataset

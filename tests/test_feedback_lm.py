@@ -1,0 +1,174 @@
+"""The feedback language model and its streaming task: a stream read in
+blocks with the memory carried gives the numbers of one pass over it."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import make_dictionary, tiny_lm
+from fairseq import search
+from fairseq.sequence_generator import SequenceGenerator
+
+from fairseq_feedback.tasks.feedback_language_modeling import SplitStream
+
+MODELS = {
+    "feedback": [],
+    "feedback, per-layer kv": ["--per-layer-kv"],
+    "transformer baseline": ["--no-feedback"],
+}
+
+
+class Split:
+    """An in-memory split: a list of lines, as fairseq's indexed datasets give them."""
+
+    def __init__(self, lines):
+        self.lines = lines
+        self.sizes = torch.tensor([len(line) for line in lines]).numpy()
+
+    def __len__(self):
+        return len(self.lines)
+
+    def __getitem__(self, i):
+        return self.lines[i]
+
+
+def random_split(dictionary, lines=20, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(lines):
+        n = int(torch.randint(1, 12, (1,), generator=g))
+        tokens = torch.randint(dictionary.nspecial, len(dictionary), (n,), generator=g)
+        out.append(torch.cat([tokens, torch.tensor([dictionary.eos()])]))
+    return Split(out)
+
+
+def streamed_log_probs(model, task, split, block, rows=1):
+    """Per-token log-probabilities of the split's targets, stream by stream,
+    as the task delivers them block by block."""
+    task.args.tokens_per_sample = block
+    itr = task.get_batch_iterator(split, max_sentences=rows).next_epoch_itr(shuffle=False)
+    scores = [[] for _ in range(rows)]
+    targets = [[] for _ in range(rows)]
+    with torch.no_grad():
+        for sample in itr:
+            logits, extra = model(**sample["net_input"])
+            lprobs = model.get_normalized_probs((logits, extra), log_probs=True)
+            for r in range(rows):
+                keep = sample["target"][r].ne(task.dictionary.pad())
+                scores[r].append(lprobs[r].gather(1, sample["target"][r].unsqueeze(1)).squeeze(1)[keep])
+                targets[r].append(sample["target"][r][keep])
+    return [torch.cat(s) for s in scores], [torch.cat(t) for t in targets]
+
+
+@pytest.mark.parametrize("flags", MODELS.values(), ids=MODELS.keys())
+def test_a_stream_read_in_blocks_equals_one_pass(flags):
+    d = make_dictionary()
+    model, task = tiny_lm("--memory-span", "12", *flags, dictionary=d)
+    model.eval()
+    split = SplitStream("valid", random_split(d))
+    stream = torch.cat(split.tokens.lines)
+    inputs = torch.cat([torch.tensor([d.eos()]), stream[:-1]]).unsqueeze(0)
+    with torch.no_grad():
+        logits, extra = model(inputs)  # one pass, no stream: the whole split at once
+    one_pass = model.get_normalized_probs((logits, extra), log_probs=True)[0].gather(1, stream.unsqueeze(1)).squeeze(1)
+    for block in (8, 16, 64):
+        (scores,), (targets,) = streamed_log_probs(model, task, split, block)
+        assert torch.equal(targets, stream), "every token is a target exactly once, in order"
+        torch.testing.assert_close(scores, one_pass, atol=1e-5, rtol=0)
+
+
+def test_every_token_is_scored_once_whatever_the_streams_and_workers():
+    d = make_dictionary()
+    split = SplitStream("train", random_split(d, lines=23))
+    stream = torch.cat(split.tokens.lines).tolist()
+    model, task = tiny_lm(dictionary=d)
+    for block, rows, workers in [(5, 3, 1), (8, 2, 2), (64, 4, 1), (7, 1, 3)]:
+        task.args.tokens_per_sample = block
+        runs = []
+        for worker in range(workers):
+            itr = task.get_batch_iterator(split, max_sentences=rows, num_shards=workers, shard_id=worker)
+            batches = list(itr.next_epoch_itr(shuffle=False))
+            assert [b["net_input"]["block"] for b in batches] == list(range(len(batches)))
+            for r in range(rows):
+                runs.append([t for b in batches for t in b["target"][r].tolist() if t != d.pad()])
+        assert sum(runs, []) == stream
+        assert sum(b["ntokens"] for b in batches) <= len(stream)
+
+
+def test_memory_is_carried_within_a_stream_and_never_across_streams():
+    d = make_dictionary()
+    model, task = tiny_lm(dictionary=d)
+    model.eval()
+    tokens = torch.randint(d.nspecial, len(d), (2, 6))
+    with torch.no_grad():
+        fresh = model(tokens, stream="train", block=0)[0]
+        model(tokens, stream="train", block=1)
+        assert "valid" not in model.streams
+        valid = model(tokens, stream="valid", block=0)[0]
+        continued = model(tokens, stream="train", block=2)[0]
+    torch.testing.assert_close(valid, fresh)  # validation starts fresh, whatever training did
+    assert not torch.allclose(continued, fresh)
+
+
+@pytest.mark.parametrize("flags", MODELS.values(), ids=MODELS.keys())
+def test_incremental_sampling_equals_the_training_forward(flags):
+    d = make_dictionary()
+    model, task = tiny_lm("--memory-span", "6", *flags, dictionary=d)
+    model.eval()
+    generator = SequenceGenerator([model], d, beam_size=1, search_strategy=search.Sampling(d), max_len_b=15,
+                                  min_len=15)
+    prompt = torch.randint(d.nspecial, len(d), (3, 4))
+    sample = {"net_input": {"src_tokens": prompt, "src_lengths": torch.full((3,), 4)}}
+    torch.manual_seed(1)
+    for i, (hypo,) in enumerate(generator.generate([model], sample, prefix_tokens=prompt)):
+        tokens = hypo["tokens"]
+        inputs = torch.cat([tokens.new_tensor([d.eos()]), tokens[:-1]]).unsqueeze(0)
+        with torch.no_grad():
+            logits, extra = model(inputs)
+        lprobs = model.get_normalized_probs((logits, extra), log_probs=True)[0]
+        expected = lprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)
+        torch.testing.assert_close(hypo["positional_scores"], expected, atol=1e-5, rtol=0)
+
+
+def reference_transformer_xl(model, blocks):
+    """A plain pre-norm transformer with relative positions and Transformer-XL
+    caching, written out: each layer attends to the last `span` inputs of its
+    own, itself included, with the previous block's inputs cached."""
+    dec = model.decoder
+    span, cache, out = dec.span, None, []
+    for tokens in blocks:
+        x = dec.embed(tokens, None)  # [T, B, C]
+        steps, rows, _ = x.shape
+        new_cache = []
+        for l, layer in enumerate(dec.layers):
+            attn = layer.self_attn
+            heads, head_dim = attn.num_heads, attn.head_dim
+            context = x if cache is None else torch.cat([cache[l], x])
+            new_cache.append(context[-span:])
+            offset = len(context) - steps
+            k, v = attn.kv_proj(layer.self_attn_layer_norm(context)).view(len(context), rows, 2, heads, head_dim).unbind(2)
+            q = attn.q_proj(layer.self_attn_layer_norm(x)).view(steps, rows, heads, head_dim)
+            distance = (torch.arange(steps)[:, None] + offset) - torch.arange(len(context))[None, :]  # [T, N]
+            visible = (distance >= 0) & (distance < span)
+            positions = dec.key_positions[(span - 1 - distance).clamp(0, span - 1)]  # [T, N, head_dim]
+            scores = torch.einsum("tbhd,nbhd->bhtn", q, k) + torch.einsum("tbhd,tnd->bhtn", q, positions)
+            scores = (scores / math.sqrt(head_dim)).masked_fill(~visible, float("-inf"))
+            z = torch.einsum("bhtn,nbhd->tbhd", scores.softmax(-1), v).reshape(steps, rows, heads * head_dim)
+            x = x + attn.out_proj(z)
+            x = x + layer.fc2(F.relu(layer.fc1(layer.final_layer_norm(x))))
+        cache = new_cache
+        out.append(dec.output_layer(dec.layer_norm(x).transpose(0, 1)))
+    return torch.cat(out, dim=1)
+
+
+def test_the_baseline_is_a_transformer_xl():
+    d = make_dictionary()
+    model, _ = tiny_lm("--no-feedback", "--memory-span", "5", dictionary=d)
+    model.eval()
+    tokens = torch.randint(d.nspecial, len(d), (2, 24))
+    blocks = tokens.split(8, dim=1)
+    with torch.no_grad():
+        got = torch.cat([model(b, stream="s", block=k)[0] for k, b in enumerate(blocks)], dim=1)
+        expected = reference_transformer_xl(model, blocks)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
