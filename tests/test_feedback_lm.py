@@ -172,3 +172,29 @@ def test_the_baseline_is_a_transformer_xl():
         got = torch.cat([model(b, stream="s", block=k)[0] for k, b in enumerate(blocks)], dim=1)
         expected = reference_transformer_xl(model, blocks)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_more_streams_than_lines_leaves_the_extra_streams_empty():
+    d = make_dictionary()
+    model, task = tiny_lm(dictionary=d)
+    split = SplitStream("valid", random_split(d, lines=3))
+    task.args.tokens_per_sample = 4
+    batches = list(task.get_batch_iterator(split, max_sentences=5).next_epoch_itr(shuffle=False))
+    scored = torch.cat([b["target"][b["target"].ne(d.pad())] for b in batches])
+    assert len(scored) == sum(split.tokens.sizes)
+
+
+def test_labels_replace_next_token_targets_and_ignored_labels_carry_no_loss():
+    d, out = make_dictionary(), make_dictionary()
+    ignore = out.add_symbol("_")
+    model, task = tiny_lm("--labels", "labels", dictionary=d, labels=out)
+    tokens = random_split(d, lines=4)
+    labels = Split([torch.where(line == d.eos(), line, torch.where(line % 2 == 0, line, torch.tensor(ignore)))
+                    for line in tokens.lines])
+    task.args.tokens_per_sample = 5
+    (batch,) = list(task.get_batch_iterator(SplitStream("train", tokens, labels), max_sentences=1)
+                    .next_epoch_itr(shuffle=False))[:1]
+    stream, wanted = torch.cat(tokens.lines)[:5], torch.cat(labels.lines)[:5]
+    assert torch.equal(batch["net_input"]["src_tokens"][0], stream)  # inputs are not shifted
+    expected = torch.where((wanted == ignore) | (wanted == out.eos()), torch.tensor(out.pad()), wanted)
+    assert torch.equal(batch["target"][0], expected)

@@ -22,6 +22,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Optional
 
+import numpy as np
 import torch
 from fairseq import utils
 from fairseq.data import Dictionary, FairseqDataset, TokenBlockDataset, data_utils, iterators
@@ -47,36 +48,33 @@ class FeedbackLanguageModelingConfig(LanguageModelingConfig):
 class StreamBlockDataset(FairseqDataset):
     """Item k is block k of each stream this worker reads, as one batch.
 
-    The split's blocks, in order, are dealt into `num_streams` contiguous runs
-    whose lengths differ by at most one block; this worker reads runs `rows`.
-    Every worker takes as many steps as the longest run, so that distributed
-    workers stay in step.
+    `streams` holds this worker's streams, each a list of blocks (fairseq's
+    TokenBlockDataset over its lines, and over its labels). Every worker takes
+    `steps` steps, the length of the longest stream of all workers, so that
+    distributed workers stay in step; a stream that has ended is padding.
     """
 
-    def __init__(self, name, tokens, labels, no_loss, num_streams, rows, block, pad):
-        self.name, self.tokens, self.labels, self.no_loss = name, tokens, labels, no_loss
-        self.block, self.pad = block, pad
-        bounds = [len(tokens) * s // num_streams for s in range(num_streams + 1)]
-        self.runs = [(bounds[s], bounds[s + 1] - bounds[s]) for s in rows]
-        self.steps = max(b - a for a, b in zip(bounds, bounds[1:]))
+    def __init__(self, name, streams, steps, block, pad, no_loss=None):
+        self.name, self.streams, self.steps, self.block, self.pad, self.no_loss = name, streams, steps, block, pad, no_loss
 
-    def source_and_target(self, i):
-        if self.labels is None:  # the input is the stream shifted right by one token
-            source, target, _ = self.tokens[i]
+    def source_and_target(self, stream, k):
+        tokens, labels = stream
+        if labels is None:  # the input is the stream shifted right by one token
+            source, target, _ = tokens[k]
             return source, target
-        target = self.labels[i].clone()
+        target = labels[k].clone()
         target[torch.isin(target, self.no_loss)] = self.pad
-        return self.tokens[i], target
+        return tokens[k], target
 
     def __len__(self):
         return self.steps
 
     def __getitem__(self, k):
-        sources = torch.full((len(self.runs), self.block), self.pad, dtype=torch.long)
+        sources = torch.full((len(self.streams), self.block), self.pad, dtype=torch.long)
         targets = torch.full_like(sources, self.pad)
-        for row, (start, length) in enumerate(self.runs):
-            if k < length:
-                source, target = self.source_and_target(start + k)
+        for row, stream in enumerate(self.streams):
+            if k < len(stream[0]):
+                source, target = self.source_and_target(stream, k)
                 sources[row, : len(source)] = source
                 targets[row, : len(target)] = target
         return {"id": k, "source": sources, "target": targets}
@@ -98,7 +96,7 @@ class StreamBlockDataset(FairseqDataset):
         }
 
     def num_tokens(self, index):
-        return len(self.runs) * self.block
+        return len(self.streams) * self.block
 
     def size(self, index):
         return self.block
@@ -186,7 +184,7 @@ class FeedbackLanguageModelingTask(LanguageModelingTask):
 
 
 class SplitStream(FairseqDataset):
-    """A loaded split: its tokens (and labels) as one stream, before blocking."""
+    """A loaded split: its lines of tokens (and of labels), before streaming."""
 
     def __init__(self, name, tokens, labels=None):
         self.name, self.tokens, self.labels = name, tokens, labels
@@ -199,19 +197,47 @@ class SplitStream(FairseqDataset):
         return self.tokens.sizes
 
     def blocks(self, block, dictionary, output_dictionary, ignore_label, rows, num_shards, shard_id):
-        def cut(tokens, include_targets):
-            return TokenBlockDataset(tokens, tokens.sizes, block, pad=dictionary.pad(), eos=dictionary.eos(),
-                                     break_mode="none", include_targets=include_targets)
+        """Deals the lines into rows * num_shards contiguous streams of about
+        equal length (so a stream starts at a line, whatever the block length),
+        cuts each stream into blocks, and keeps this worker's streams."""
+        num_streams = rows * num_shards
+        cumulative = np.cumsum(self.tokens.sizes)
+        targets = np.linspace(0, cumulative[-1], num_streams + 1)[1:-1]
+        bounds = [0, *np.searchsorted(cumulative, targets, side="right").tolist(), len(self.tokens)]
 
-        labels = no_loss = None
+        def cut(lines, lo, hi, include_targets):
+            return TokenBlockDataset(_Lines(lines, lo, hi), lines.sizes[lo:hi], block, pad=dictionary.pad(),
+                                     eos=dictionary.eos(), break_mode="none", include_targets=include_targets)
+
+        def stream(s):
+            lo, hi = bounds[s], bounds[s + 1]
+            if lo == hi:  # more streams than lines
+                return (), None
+            labels = None if self.labels is None else cut(self.labels, lo, hi, False)
+            return cut(self.tokens, lo, hi, labels is None), labels
+
+        blocks_per_stream = [-(-int(self.tokens.sizes[bounds[s]:bounds[s + 1]].sum()) // block)  # ceil
+                             for s in range(num_streams)]
+        no_loss = None
         if self.labels is not None:
-            labels = cut(self.labels, include_targets=False)
             no_loss = torch.tensor([output_dictionary.index(ignore_label), output_dictionary.eos()])
-        tokens = cut(self.tokens, include_targets=labels is None)
-        dataset = StreamBlockDataset(self.name, tokens, labels, no_loss, rows * num_shards,
-                                     range(shard_id * rows, (shard_id + 1) * rows), block, dictionary.pad())
-        scored = int(sum(self.tokens.sizes)) if labels is None else sum(
-            int(dataset.source_and_target(i)[1].ne(dictionary.pad()).sum()) for i in range(len(tokens)))
-        logger.info(f"{self.name}: {scored} tokens, each scored once, in {rows * num_shards} streams of "
-                    f"up to {dataset.steps} blocks of {block} tokens ({rows} streams on this worker)")
+        mine = [stream(s) for s in range(shard_id * rows, (shard_id + 1) * rows)]
+        steps = max(blocks_per_stream)
+        dataset = StreamBlockDataset(self.name, mine, steps, block, dictionary.pad(), no_loss)
+        scored = "each scored once" if self.labels is None else f"each scored once unless labelled '{ignore_label}'"
+        logger.info(f"{self.name}: {int(cumulative[-1])} tokens, {scored}, in {num_streams} streams of up to "
+                    f"{steps} blocks of {block} tokens ({rows} streams on this worker)")
         return dataset
+
+
+class _Lines:
+    """Lines lo..hi-1 of a dataset of lines."""
+
+    def __init__(self, lines, lo, hi):
+        self.lines, self.lo, self.hi = lines, lo, hi
+
+    def __len__(self):
+        return self.hi - self.lo
+
+    def __getitem__(self, i):
+        return self.lines[self.lo + i]

@@ -1,0 +1,156 @@
+"""The feedback LM through fairseq-train, fairseq-eval-lm, fairseq-interactive
+and the hub interface, on a tiny generated corpus."""
+
+import random
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+from cli import ENV, last_number, run
+from conftest import PLUGIN
+
+MODEL = [
+    "--task", "feedback_language_modeling", "--arch", "feedback_lm", "--decoder-layers", "2",
+    "--decoder-embed-dim", "32", "--decoder-ffn-embed-dim", "64", "--decoder-attention-heads", "2",
+    "--memory-span", "40", "--dropout", "0", "--no-epoch-checkpoints", "--log-format", "simple", "--cpu",
+]
+ADAM = ["--optimizer", "adam", "--lr", "3e-3"]
+
+
+def write_corpus(folder, lines):
+    folder.mkdir()
+    rng = random.Random(0)
+    for split, count in (("train", lines), ("valid", 20), ("test", 20)):
+        with open(folder / f"{split}.txt", "w") as f:
+            for _ in range(count):
+                # a counting pattern, so that context helps
+                start, length = rng.randrange(20), rng.randint(3, 9)
+                f.write(" ".join(f"w{(start + i) % 20}" for i in range(length)) + "\n")
+
+
+def preprocess(corpus, dest, *extra):
+    run("preprocess", "--only-source", "--trainpref", corpus / "train.txt", "--validpref", corpus / "valid.txt",
+        "--testpref", corpus / "test.txt", "--destdir", dest, "--workers", "1", *extra)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lm")
+    write_corpus(root / "corpus", 300)
+    preprocess(root / "corpus", root / "data-bin")
+    log = run("train", root / "data-bin", *MODEL, *ADAM, "--tokens-per-sample", 16, "--batch-size", 4,
+              "--max-update", 60, "--save-dir", root / "checkpoints").stdout
+    return root, log
+
+
+def test_training_scores_every_token_and_learns(trained):
+    root, log = trained
+    train_tokens = sum(len(line.split()) + 1 for line in open(root / "corpus" / "train.txt"))
+    assert f"train: {train_tokens} tokens, each scored once, in 4 streams" in log
+    assert last_number(r"valid on 'valid' subset \| loss ([\d.]+)", log) < last_number(r"epoch 001 .*?loss ([\d.]+)", log)
+
+
+def test_eval_lm_carries_memory_so_the_block_length_does_not_matter(trained):
+    root, _ = trained
+    test_tokens = sum(len(line.split()) + 1 for line in open(root / "corpus" / "test.txt"))
+    results = []
+    for block in (16, 128):
+        out = run("eval_lm", root / "data-bin", "--task", "feedback_language_modeling", "--path",
+                  root / "checkpoints" / "checkpoint_last.pt", "--tokens-per-sample", block, "--batch-size", 2,
+                  "--gen-subset", "test", "--cpu").stderr
+        assert f"Evaluated {test_tokens} tokens" in out
+        results.append(last_number(r"Loss \(base 2\): ([\d.]+)", out))
+    assert results[0] == results[1]
+
+
+def test_sampling_through_interactive_and_the_hub(trained):
+    from fairseq_feedback.models import FeedbackLanguageModel
+
+    root, _ = trained
+    out = run("interactive", root / "data-bin", "--task", "feedback_language_modeling", "--path",
+              root / "checkpoints" / "checkpoint_last.pt", "--sampling", "--beam", 1, "--max-len-b", 6, "--cpu",
+              stdin="w1 w2 w3\n").stdout
+    (hypothesis,) = [line.split("\t")[2] for line in out.splitlines() if line.startswith("H-")]
+    assert hypothesis.startswith("w1 w2 w3 ") and len(hypothesis.split()) > 3
+    lm = FeedbackLanguageModel.from_pretrained(str(root / "checkpoints"), "checkpoint_last.pt", str(root / "data-bin"))
+    assert lm.sample("w4 w5", beam=1, sampling=True, max_len_b=5).startswith("w4 w5")
+
+
+def test_resumed_training_continues_the_streams(trained, tmp_path):
+    root, _ = trained
+    (tmp_path / "checkpoint_last.pt").write_bytes((root / "checkpoints" / "checkpoint_last.pt").read_bytes())
+    saved = torch.load(tmp_path / "checkpoint_last.pt")["extra_state"]["train_iterator"]
+    log = run("train", root / "data-bin", *MODEL, *ADAM, "--tokens-per-sample", 16, "--batch-size", 4,
+              "--max-update", 65, "--save-dir", tmp_path).stdout
+    assert "@ 60 updates" in log
+    resumed = torch.load(tmp_path / "checkpoint_last.pt")["extra_state"]["train_iterator"]
+    assert (resumed["epoch"], resumed["iterations_in_epoch"]) == (saved["epoch"], saved["iterations_in_epoch"] + 5)
+
+
+def test_two_workers_train_to_the_parameters_of_one_worker_with_both_workers_streams(trained, tmp_path):
+    root, _ = trained
+    common = [root / "data-bin", *MODEL, "--optimizer", "sgd", "--lr", "0.5", "--tokens-per-sample", 16,
+              "--max-update", 5, "--ddp-backend", "legacy_ddp"]
+    run("train", *common, "--batch-size", 4, "--save-dir", tmp_path / "one")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "-m", "fairseq_cli.train", *map(str, common), "--user-dir", PLUGIN, "--batch-size", "2",
+             "--save-dir", str(tmp_path / "two"), "--distributed-world-size", "2", "--distributed-rank", str(rank),
+             "--distributed-backend", "gloo", "--distributed-init-method", f"tcp://127.0.0.1:{port}",
+             "--distributed-no-spawn"],
+            env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for rank in range(2)
+    ]
+    logs = [w.communicate(timeout=300)[0] for w in workers]
+    assert all(w.returncode == 0 for w in workers), logs[0][-3000:]
+    assert "in 4 streams of" in logs[0] and "(2 streams on this worker)" in logs[0]
+    one = torch.load(tmp_path / "one" / "checkpoint_last.pt")["model"]
+    two = torch.load(tmp_path / "two" / "checkpoint_last.pt")["model"]
+    for name in one:
+        torch.testing.assert_close(two[name], one[name], atol=1e-6, rtol=0)
+
+
+def last_line(proc):
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    return [line for line in proc.stderr.splitlines() if line.strip()][-1]
+
+
+def test_missing_split_is_one_line(trained):
+    root, _ = trained
+    proc = run("eval_lm", root / "data-bin", "--task", "feedback_language_modeling", "--path",
+               root / "checkpoints" / "checkpoint_last.pt", "--gen-subset", "nosuch", "--cpu", check=False)
+    assert last_line(proc).startswith(f"error: split 'nosuch' not found in {root / 'data-bin'}")
+
+
+def test_block_longer_than_the_model_allows_is_one_line(trained, tmp_path):
+    root, _ = trained
+    absolute = ["--relative-positions", "False", "--no-token-positional-embeddings", "False",
+                "--max-target-positions", 32]
+    run("train", root / "data-bin", *MODEL, *ADAM, *absolute, "--tokens-per-sample", 16, "--batch-size", 2,
+        "--max-update", 1, "--save-dir", tmp_path)
+    proc = run("eval_lm", root / "data-bin", "--task", "feedback_language_modeling", "--path",
+               tmp_path / "checkpoint_last.pt", "--tokens-per-sample", 64, "--cpu", check=False)
+    assert last_line(proc) == "error: --tokens-per-sample 64 is longer than the model allows (32): use shorter blocks"
+
+
+def test_labels_that_do_not_align_are_one_line(tmp_path):
+    write_corpus(tmp_path / "corpus", 30)
+    labels = tmp_path / "labels"
+    labels.mkdir()
+    for split in ("train", "valid", "test"):
+        lines = open(tmp_path / "corpus" / f"{split}.txt").read().splitlines()
+        aligned = [" ".join("_" if i % 2 else "x" for i, _ in enumerate(line.split())) for line in lines]
+        if split == "train":
+            aligned[4] += " x"  # one label too many on line 5
+        (labels / f"{split}.txt").write_text("\n".join(aligned) + "\n")
+    preprocess(tmp_path / "corpus", tmp_path / "data-bin")
+    preprocess(labels, tmp_path / "data-bin" / "labels")
+    proc = run("train", tmp_path / "data-bin", *MODEL, *ADAM, "--labels", "labels", "--tokens-per-sample", 16,
+               "--batch-size", 2, "--max-update", 1, "--save-dir", tmp_path / "checkpoints", check=False)
+    assert last_line(proc).startswith(f"error: labels {tmp_path / 'data-bin' / 'labels' / 'train'} do not align "
+                                      f"with {tmp_path / 'data-bin' / 'train'} (line 5 differs)")
