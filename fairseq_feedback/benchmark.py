@@ -1,87 +1,129 @@
-"""Speed of the feedback models as a ratio to fairseq's transformer of the same size.
+"""Speed of the feedback models as a ratio to fairseq's own models of the same size.
 
-    feedback-benchmark                      # base widths, 6+6 layers, ~4k-token batches
+    feedback-benchmark                      # translation at base widths, and the LM
     feedback-benchmark --preset tiny        # seconds, to check that it runs
 
-Both models are built through fairseq's own registry from the same options and
-timed in the same process on the same random batches, so the ratios compare
-the architectures, not the machines. Reports training target tokens/s,
-beam-search output tokens/s and the incremental state's bytes per decoded token.
+Translation: feedback_transformer against fairseq's transformer (training
+target tokens/s, beam-5 output tokens/s, incremental-state bytes per decoded
+token). Language modelling: feedback_lm against fairseq's transformer_lm
+(training, evaluation and sampling tokens/s). Each pair is built through
+fairseq's registry from the same options and runs the same random batches in
+one process, the two models' calls interleaved, and each rate is taken from
+the median call: the ratios compare architectures, not machines or moments.
 """
 
 import argparse
+import statistics
 import time
 
 import torch
 import torch.nn.functional as F
-from fairseq import options
+from fairseq import options, search
 from fairseq.data import Dictionary
+from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.sequence_generator import SequenceGenerator
+from fairseq.tasks import TASK_REGISTRY
 from fairseq.tasks.translation import TranslationTask
 
 import fairseq_feedback  # noqa: F401  (registers the models)
 
 PRESETS = {
-    # the issue's target setting: base widths, 6-layer decoder, batches of ~4k tokens
-    "base": dict(embed_dim=512, ffn_dim=2048, heads=8, layers=6, batch=128, length=32, vocab=10000,
-                 beam_batch=128, train_steps=3),
-    "tiny": dict(embed_dim=32, ffn_dim=64, heads=2, layers=2, batch=8, length=8, vocab=100,
-                 beam_batch=2, train_steps=2),
+    # the targets' settings: translation at base widths with a 6-layer decoder
+    # and batches of ~4k tokens; the LM at d 256, 4 layers, block 64, 32 streams
+    "base": dict(
+        translation=dict(embed_dim=512, ffn_dim=2048, heads=8, layers=6, batch=128, length=32, vocab=10000,
+                         beam_batch=128, repeats=3),
+        lm=dict(embed_dim=256, ffn_dim=1024, heads=4, layers=4, streams=32, block=64, span=64, vocab=10000,
+                sample_batch=32, repeats=7),
+    ),
+    "tiny": dict(
+        translation=dict(embed_dim=32, ffn_dim=64, heads=2, layers=2, batch=8, length=8, vocab=100,
+                         beam_batch=2, repeats=2),
+        lm=dict(embed_dim=32, ffn_dim=64, heads=2, layers=2, streams=4, block=8, span=8, vocab=100,
+                sample_batch=2, repeats=2),
+    ),
 }
+BEAM = 5
 
 
-def build_translation_model(arch, preset, dictionary, extra=()):
-    p = preset
+def interleaved_rates(workloads, repeats):
+    """Tokens per second of each workload (a call returning the tokens it
+    processed), from the median of `repeats` calls made in turns."""
+    times = {name: [] for name in workloads}
+    tokens = {name: work() for name, work in workloads.items()}  # warm-up
+    for _ in range(repeats):
+        for name, work in workloads.items():
+            start = time.perf_counter()
+            work()
+            times[name].append(time.perf_counter() - start)
+    return {name: tokens[name] / statistics.median(times[name]) for name in workloads}
+
+
+def make_dictionary(size):
+    dictionary = Dictionary()
+    for i in range(size - dictionary.nspecial):
+        dictionary.add_symbol(f"w{i}")
+    return dictionary
+
+
+def random_tokens(dictionary, rows, length, generator):
+    return torch.randint(dictionary.nspecial, len(dictionary), (rows, length), generator=generator)
+
+
+def shifted(dictionary, tokens):
+    return torch.cat([torch.full((len(tokens), 1), dictionary.eos()), tokens[:, :-1]], dim=1)
+
+
+def build_translation_model(arch, p, dictionary):
     sizes = []
     for side in ("encoder", "decoder"):
         sizes += [f"--{side}-embed-dim", str(p["embed_dim"]), f"--{side}-ffn-embed-dim", str(p["ffn_dim"]),
                   f"--{side}-attention-heads", str(p["heads"]), f"--{side}-layers", str(p["layers"])]
-    parser = options.get_training_parser()
     args = options.parse_args_and_arch(
-        parser, ["unused", "--task", "translation", "--arch", arch, "--dropout", "0.1", *sizes, *extra]
+        options.get_training_parser(), ["unused", "--task", "translation", "--arch", arch, "--dropout", "0.1", *sizes]
     )
     return TranslationTask(args, dictionary, dictionary).build_model(args)
 
 
-def random_batch(dictionary, batch, length, generator):
-    tokens = torch.randint(dictionary.nspecial, len(dictionary), (batch, length), generator=generator)
-    prev = torch.cat([torch.full((batch, 1), dictionary.eos()), tokens[:, :-1]], dim=1)
-    return tokens, prev
+def build_language_model(arch, task_name, p, dictionary, extra=()):
+    args = options.parse_args_and_arch(options.get_training_parser(), [
+        "unused", "--task", task_name, "--arch", arch, "--tokens-per-sample", str(p["block"]),
+        "--decoder-embed-dim", str(p["embed_dim"]), "--decoder-input-dim", str(p["embed_dim"]),
+        "--decoder-output-dim", str(p["embed_dim"]), "--decoder-ffn-embed-dim", str(p["ffn_dim"]),
+        "--decoder-attention-heads", str(p["heads"]), "--decoder-layers", str(p["layers"]), "--dropout", "0.1",
+        *extra,
+    ])
+    cfg = convert_namespace_to_omegaconf(args)
+    return TASK_REGISTRY[task_name](cfg.task, dictionary).build_model(cfg.model)
 
 
-def training_tokens_per_second(model, dictionary, preset, generator):
-    model.train()
+def training_step(model, forward, target):
+    """One optimizer step on `forward()`'s logits; returns the target tokens."""
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
-    src, _ = random_batch(dictionary, preset["batch"], preset["length"], generator)
-    target, prev = random_batch(dictionary, preset["batch"], preset["length"], generator)
-    src_lengths = torch.full((preset["batch"],), preset["length"])
 
-    def step():
+    def work():
+        model.train()
         optimizer.zero_grad()
-        logits, _ = model(src, src_lengths, prev)
-        F.cross_entropy(logits.view(-1, logits.size(-1)), target.view(-1)).backward()
+        logits = forward()
+        F.cross_entropy(logits.reshape(-1, logits.size(-1)), target().reshape(-1)).backward()
         optimizer.step()
+        return target().numel()
 
-    step()  # warm-up: allocator and lazily built buffers
-    start = time.perf_counter()
-    for _ in range(preset["train_steps"]):
-        step()
-    return target.numel() * preset["train_steps"] / (time.perf_counter() - start)
+    return work
 
 
-@torch.no_grad()
-def beam_tokens_per_second(model, dictionary, preset, generator, beam=5):
-    model.eval()
-    length = preset["length"]
-    # min_len = max_len: every hypothesis runs the full length, random weights or not
-    search = SequenceGenerator([model], dictionary, beam_size=beam, max_len_a=0, max_len_b=length, min_len=length)
-    src, _ = random_batch(dictionary, preset["beam_batch"], length, generator)
-    sample = {"net_input": {"src_tokens": src, "src_lengths": torch.full((len(src),), length)}}
-    search.generate([model], sample)  # warm-up
-    start = time.perf_counter()
-    hypos = search.generate([model], sample)
-    elapsed = time.perf_counter() - start
-    return sum(len(h[0]["tokens"]) for h in hypos) / elapsed
+def generation(model, dictionary, sample, length, **kwargs):
+    """Beam search or sampling of `length` tokens per sequence (min = max, so
+    that every hypothesis runs the full length whatever the weights)."""
+    generator = SequenceGenerator([model], dictionary, max_len_a=0, max_len_b=length, min_len=length, **kwargs)
+
+    @torch.no_grad()
+    def work():
+        model.eval()
+        hypos = generator.generate([model], sample, prefix_tokens=sample.get("prefix_tokens"))
+        return sum(len(nbest[0]["tokens"]) for nbest in hypos)
+
+    return work
 
 
 def tensor_bytes(state) -> int:
@@ -89,65 +131,125 @@ def tensor_bytes(state) -> int:
     for entries in state.values():
         for value in entries.values():
             if isinstance(value, torch.Tensor):
-                storage = value.untyped_storage()
-                storages[storage.data_ptr()] = storage.nbytes()
+                storages[value.untyped_storage().data_ptr()] = value.untyped_storage().nbytes()
     return sum(storages.values())
 
 
 @torch.no_grad()
-def state_bytes_per_token(model, dictionary, preset, generator, beam=5):
-    """Bytes of the incremental state per decoded token and hypothesis, after
-    `length` steps and a beam reorder (which every beam-search step does),
-    laid out as beam search lays out hypotheses."""
+def state_bytes_per_token(model, encoder_out, prev):
+    """Bytes of the incremental state per decoded token and hypothesis after
+    decoding `prev` and one beam reorder (which every beam-search step does)."""
     model.eval()
-    sentences, length = preset["beam_batch"], preset["length"]
-    rows = sentences * beam
-    src, _ = random_batch(dictionary, sentences, length, generator)
-    _, prev = random_batch(dictionary, rows, length, generator)
-    encoder_out = model.encoder(src.repeat_interleave(beam, 0), torch.full((rows,), length))
-    if hasattr(model, "set_beam_size"):
-        model.set_beam_size(beam)
+    if hasattr(model, "set_beam_size"):  # as SequenceGenerator does
+        model.set_beam_size(BEAM)
     state = {}
-    for t in range(length):
+    for t in range(prev.size(1)):
         model.decoder(prev[:, : t + 1], encoder_out=encoder_out, incremental_state=state)
-    model.decoder.reorder_incremental_state_scripting(state, torch.arange(rows))
-    return tensor_bytes(state) / (rows * length)
+    model.decoder.reorder_incremental_state_scripting(state, torch.arange(len(prev)))
+    return tensor_bytes(state) / prev.numel()
+
+
+def translation(p, seed):
+    dictionary = make_dictionary(p["vocab"])
+    g = torch.Generator().manual_seed(seed)
+    src, target = random_tokens(dictionary, p["batch"], p["length"], g), random_tokens(dictionary, p["batch"], p["length"], g)
+    lengths = torch.full((p["batch"],), p["length"])
+    sentences = random_tokens(dictionary, p["beam_batch"], p["length"], g)
+    sample = {"net_input": {"src_tokens": sentences, "src_lengths": torch.full((len(sentences),), p["length"])}}
+    hypotheses = random_tokens(dictionary, p["beam_batch"] * BEAM, p["length"], g)
+
+    models, train, beam, state = {}, {}, {}, {}
+    for arch in ("transformer", "feedback_transformer"):
+        torch.manual_seed(seed)
+        model = models[arch] = build_translation_model(arch, p, dictionary)
+        train[arch] = training_step(model, lambda m=model: m(src, lengths, shifted(dictionary, target))[0],
+                                    lambda: target)
+        beam[arch] = generation(model, dictionary, sample, p["length"], beam_size=BEAM)
+        with torch.no_grad():
+            model.eval()
+            encoder_out = model.encoder(sentences.repeat_interleave(BEAM, 0), lengths.new_full((len(hypotheses),), p["length"]))
+        state[arch] = state_bytes_per_token(model, encoder_out, shifted(dictionary, hypotheses))
+    train = interleaved_rates(train, p["repeats"])
+    beam = interleaved_rates(beam, p["repeats"])
+    print_table(
+        f"translation: d={p['embed_dim']} ffn={p['ffn_dim']} heads={p['heads']} layers={p['layers']}+{p['layers']}, "
+        f"training batches of {p['batch']}x{p['length']} tokens, beam {BEAM} over {p['beam_batch']} sentences of "
+        f"{p['length']} tokens",
+        ["train tok/s", f"beam-{BEAM} tok/s", "state B/token"],
+        [(arch, train[arch], beam[arch], state[arch]) for arch in models])
+
+
+def language_model(p, seed):
+    dictionary = make_dictionary(p["vocab"])
+    g = torch.Generator().manual_seed(seed)
+    blocks = random_tokens(dictionary, p["streams"], p["block"] * 64, g).split(p["block"], dim=1)
+    prompt = random_tokens(dictionary, p["sample_batch"], 1, g)
+    sample = {"net_input": {"src_tokens": prompt, "src_lengths": torch.ones(len(prompt), dtype=torch.long)},
+              "prefix_tokens": prompt}
+
+    train, evaluate, sampling = {}, {}, {}
+    for arch, task, extra in [("transformer_lm", "language_modeling", ["--decoder-normalize-before"]),
+                              ("feedback_lm", "feedback_language_modeling", ["--memory-span", str(p["span"])])]:
+        torch.manual_seed(seed)
+        model = build_language_model(arch, task, p, dictionary, extra)
+        # consecutive blocks of the same streams, with the memory carried where
+        # the model carries one
+        counter = iter(range(10**9))
+        state = {"k": 0}
+
+        def forward(model=model, counter=counter, state=state):
+            state["k"] = next(counter) % (len(blocks) - 1)
+            stream = {"stream": "benchmark", "block": state["k"]} if hasattr(model, "streams") else {}
+            return model(blocks[state["k"]], **stream)[0]
+
+        def target(state=state):
+            return blocks[state["k"] + 1]
+
+        train[arch] = training_step(model, forward, target)
+
+        @torch.no_grad()
+        def evaluation(model=model, forward=forward, target=target):
+            model.eval()
+            F.cross_entropy(forward().reshape(-1, len(dictionary)), target().reshape(-1))
+            return target().numel()
+
+        evaluate[arch] = evaluation
+        # within transformer_lm's positions, the prompt and EOS included
+        sampling[arch] = generation(model, dictionary, sample, p["block"] - 2, beam_size=1,
+                                    search_strategy=search.Sampling(dictionary))
+    rates = [interleaved_rates(w, p["repeats"]) for w in (train, evaluate, sampling)]
+    print_table(
+        f"language model: d={p['embed_dim']} ffn={p['ffn_dim']} heads={p['heads']} layers={p['layers']}, "
+        f"{p['streams']} streams x blocks of {p['block']} (feedback span {p['span']}, memory carried), "
+        f"sampling {p['sample_batch']} sequences of {p['block'] - 2} tokens",
+        ["train tok/s", "eval tok/s", "sample tok/s"],
+        [(arch, *(r[arch] for r in rates)) for arch in train])
+
+
+def print_table(title, columns, rows):
+    print(title)
+    print(f"{'model':24s}" + "".join(f"{c:>16s}" for c in columns))
+    for name, *values in rows:
+        print(f"{name:24s}" + "".join(f"{v:16.1f}" for v in values))
+    (_, *theirs), (_, *ours) = rows
+    print(f"{'feedback / fairseq':24s}" + "".join(f"{o / t:16.2f}" for o, t in zip(ours, theirs)))
+    print()
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", choices=sorted(PRESETS), default="base")
+    parser.add_argument("--only", choices=["translation", "lm"], help="run one of the two comparisons")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    preset = PRESETS[args.preset]
-    dictionary = Dictionary()
-    for i in range(preset["vocab"] - dictionary.nspecial):
-        dictionary.add_symbol(f"w{i}")
-
-    rows = []
-    for name, arch in [("transformer", "transformer"), ("feedback_transformer", "feedback_transformer")]:
-        torch.manual_seed(args.seed)
-        model = build_translation_model(arch, preset, dictionary)
-        generator = torch.Generator().manual_seed(args.seed)
-        rows.append((
-            name,
-            training_tokens_per_second(model, dictionary, preset, generator),
-            beam_tokens_per_second(model, dictionary, preset, generator),
-            state_bytes_per_token(model, dictionary, preset, generator),
-        ))
-
-    p = preset
-    print(f"translation, {args.preset}: d={p['embed_dim']} ffn={p['ffn_dim']} heads={p['heads']} "
-          f"layers={p['layers']}+{p['layers']}, train batch {p['batch']}x{p['length']} tokens, "
-          f"beam 5 over {p['beam_batch']} sentences of {p['length']} tokens, {torch.get_num_threads()} threads")
-    print(f"{'model':24s}{'train tok/s':>14s}{'beam-5 tok/s':>14s}{'state B/token':>15s}")
-    for name, train, beam, state in rows:
-        print(f"{name:24s}{train:14.1f}{beam:14.1f}{state:15.0f}")
-    (_, t_train, t_beam, t_state), (_, f_train, f_beam, f_state) = rows
-    print(f"{'feedback / transformer':24s}{f_train / t_train:14.2f}{f_beam / t_beam:14.2f}{f_state / t_state:15.2f}")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, preset {args.preset}\n")
+    if args.only in (None, "translation"):
+        translation(PRESETS[args.preset]["translation"], args.seed)
+    if args.only in (None, "lm"):
+        language_model(PRESETS[args.preset]["lm"], args.seed)
 
 
 if __name__ == "__main__":

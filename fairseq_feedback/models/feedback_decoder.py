@@ -91,11 +91,11 @@ class FeedbackDecoder(TransformerDecoderBase):
         carried = None if stream_state is None else stream_state.get("memory")
         if state is None:
             room = 0 if incremental_state is None else 16  # decoding appends later
-            memories, windows = self._start_memories(carried, batch, steps + room)
+            memories, window = self._start_memories(carried, batch, steps + room)
             encoder_kv = self._encoder_keys_values(encoder_out, self._sentence_rows(incremental_state, encoder_out))
         else:
             memories = self._memories_in(state)
-            windows = [memory.window(self.span) for memory in memories]
+            window = memories[0].window(self.span)
             encoder_kv = state["encoder_kv"]
         encoder_bias = self._encoder_attention_mask(encoder_out, encoder_kv)
 
@@ -104,15 +104,15 @@ class FeedbackDecoder(TransformerDecoderBase):
         all_layers = [self.layers[i] for i in range(self.num_layers)]
         layer_encoder_kv = [None] * self.num_layers if encoder_kv is None else encoder_kv.unbind()
         mix = self.memory.mixing_weights().unbind() if self.feedback else None
+        key_positions = self._position_table()
         keep_last_memory = incremental_state is not None
         stream_inputs = [] if stream_state is not None else None  # what the next block's memory is made of
 
         outputs = []
-        for t in range(steps):
-            h = x[t]
+        for t, h in enumerate(x.unbind(0)):  # not x[t]: each index's backward fills a gradient of all of x
             if self.feedback:
                 m = h * mix[0]
-                layer_kv = self.memory.keys_values(windows[0])
+                layer_kv = self.memory.keys_values(window)
             else:
                 layer_inputs = []
             for i, layer in enumerate(all_layers):
@@ -122,16 +122,14 @@ class FeedbackDecoder(TransformerDecoderBase):
                     layer_inputs.append(h)
                     if not active[i]:
                         continue
-                    windows[i] = memories[i].append(layer.project_own_memory(h.unsqueeze(0)), self.span)
-                    keys, values = self.memory_planes(windows[i])
+                    keys, values = memories[i].append(layer.project_own_memory(h.unsqueeze(0)), self.span)
                 if active[i]:
-                    positions = None if self.key_positions is None else self.key_positions[-keys.size(2):]
-                    h = layer.step(h, keys, values, positions, layer_encoder_kv[i], encoder_bias)
+                    h = layer.step(h, keys, values, key_positions(keys.size(2)), layer_encoder_kv[i], encoder_bias)
                 if self.feedback:
                     m = torch.addcmul(m, h, mix[i + 1])  # eq. 1; a dropped layer passes its input on
             outputs.append(h)
             if self.feedback and (t < steps - 1 or keep_last_memory):
-                windows[0] = memories[0].append(self.memory.project(m.unsqueeze(0)), self.span)
+                window = memories[0].append(self.memory.project(m.unsqueeze(0)), self.span)
             if stream_inputs is not None:
                 stream_inputs.append(m if self.feedback else torch.stack(layer_inputs))
 
@@ -161,23 +159,32 @@ class FeedbackDecoder(TransformerDecoderBase):
         length = int(state["length"])
         return [KeyValueBuffer(state[key], length) for key in sorted(state) if key.startswith("memory")]
 
+    def _position_table(self):
+        """Relative position embeddings for a window of n slots, scaled like the
+        scores they are added to; sliced only while the memory is shorter than
+        the span (each slice costs a gradient of the whole table)."""
+        if self.key_positions is None:
+            return lambda n: None
+        table = self.key_positions * self.key_positions.size(1) ** -0.5
+        return lambda n: table if n == self.span else table[-n:]
+
     def _start_memories(self, carried: Optional[Tensor], batch: int, steps: int):
-        """Key/value buffers and the windows step 0 reads. Feedback: one
-        buffer, starting with the carried memory vectors or m_{-1} = 0.
-        Baseline: one buffer per layer, starting with the layer's carried inputs."""
+        """Key/value buffers, and the window step 0 reads. Feedback: one buffer,
+        starting with the carried memory vectors or m_{-1} = 0. Baseline: one
+        buffer per layer, starting with the layer's carried inputs; each step
+        appends its own input before reading, so there is no window yet."""
         if self.feedback:
             initial = carried if carried is not None else self._zero_memory(batch)
             kv = self.memory.project(initial)
             memory = KeyValueBuffer.empty(kv.size(0) + steps, like=kv)
-            return [memory], [memory.append(kv, self.span)]
-        memories, windows = [], []
+            return [memory], memory.append(kv, self.span)
+        memories = []
         for i in range(self.num_layers):
             initial = carried[i] if carried is not None else self._zero_memory(batch)[:0]
             kv = self.layers[i].project_own_memory(initial)
-            memory = KeyValueBuffer.empty(kv.size(0) + steps, like=kv)
-            memories.append(memory)
-            windows.append(memory.append(kv, self.span))
-        return memories, windows
+            memories.append(KeyValueBuffer.empty(kv.size(0) + steps, like=kv))
+            memories[-1].append(kv, self.span)
+        return memories, None
 
     def _next_stream_memory(self, carried: Optional[Tensor], block: Tensor, batch: int) -> Tensor:
         """The last `span` memory vectors (feedback: [slots, batch, embed]) or
@@ -192,13 +199,6 @@ class FeedbackDecoder(TransformerDecoderBase):
     def _zero_memory(self, batch: int) -> Tensor:
         """m_{-1}, in the model's dtype and device."""
         return next(self.parameters()).new_zeros(1, batch, self.embed_dim)
-
-    @staticmethod
-    def memory_planes(window: Tensor):
-        """A layer's own window [slots, 2, batch, heads, head_dim] as keys and
-        values [batch, heads, slots, head_dim]."""
-        planes = window.permute(1, 2, 3, 0, 4)
-        return planes[0], planes[1]
 
     def max_positions(self):
         """Relative positions set no limit on the length; absolute ones do."""

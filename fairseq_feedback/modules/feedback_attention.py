@@ -33,14 +33,15 @@ def attend_one_step(
     encoder attention does), so those are stored once per sentence.
 
     `key_positions` ([keys, head_dim]) are key-side relative position
-    embeddings shared by all heads (Shaw et al. 2018, as the paper's LMs use).
+    embeddings shared by all heads (Shaw et al. 2018, as the paper's LMs use),
+    already scaled by 1/sqrt(d_head).
     `bias` is added to the scores; -inf masks a key.
     """
     rows = x.size(0)
     batch, heads, _, head_dim = keys.shape
     q = q_proj(x).view(batch, rows // batch, heads, head_dim).transpose(1, 2)
     if key_positions is not None:
-        position_scores = torch.matmul(q, key_positions.t()) * head_dim**-0.5
+        position_scores = torch.matmul(q, key_positions.t())
         bias = position_scores if bias is None else position_scores + bias
     if torch.is_grad_enabled():  # the fused kernel's backward is the faster one
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias, dropout_p=dropout_p)

@@ -40,9 +40,8 @@ class FeedbackMemory(nn.Module):
         kv = self.kv_proj(memory).view(slots, batch, self.planes, self.num_heads, self.head_dim)
         return kv.transpose(1, 2)
 
-    def keys_values(self, window: Tensor):
-        """Per layer, the keys and values it reads from a window [slots, planes,
-        batch, heads, head_dim], as [batch, heads, slots, head_dim] views."""
-        planes = window.permute(1, 2, 3, 0, 4).unbind(0)
-        pairs = [(planes[p], planes[p + 1]) for p in range(0, self.planes, 2)]
+    def keys_values(self, window):
+        """Per layer, the keys and values it reads from a window (one
+        [batch, heads, slots, head_dim] view per plane)."""
+        pairs = [(window[p], window[p + 1]) for p in range(0, self.planes, 2)]
         return pairs * self.num_layers if self.shared_kv else pairs

@@ -10,7 +10,7 @@ filled part is contiguous (one copy on reorder, one block in backward); a plane
 is a key or a value of one key/value projection (2 when all layers share it).
 """
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -32,19 +32,21 @@ class KeyValueBuffer:
     def capacity(self) -> int:
         return self.slots.size(0)
 
-    def append(self, new: Tensor, span: int) -> Tensor:
+    def append(self, new: Tensor, span: int) -> Tuple[Tensor, ...]:
         """Writes `new` ([n, planes, batch, heads, head_dim]) after the filled
-        slots and returns the window the next step reads: the last `span` slots."""
+        slots and returns the window the next step reads, the last `span`
+        slots, as one [batch, heads, slots, head_dim] view per plane."""
         if self.length + new.size(0) > self.capacity:
             self._make_room(new.size(0), span)
         if torch.is_grad_enabled() and new.requires_grad:
             return _AppendToBuffer.apply(new, self, span)
         return self._write(new, span)
 
-    def window(self, span: int) -> Tensor:
-        return self.slots[max(0, self.length - span) : self.length]
+    def window(self, span: int) -> Tuple[Tensor, ...]:
+        slots = self.slots[max(0, self.length - span) : self.length]
+        return tuple(slots.permute(1, 2, 3, 0, 4).unbind(0))
 
-    def _write(self, new: Tensor, span: int) -> Tensor:
+    def _write(self, new: Tensor, span: int) -> Tuple[Tensor, ...]:
         start, end = self.length, self.length + new.size(0)
         # `.data` is an alias with its own version counter: windows handed out
         # earlier and saved for backward must not see a version bump, since
@@ -82,21 +84,26 @@ class _AppendToBuffer(torch.autograd.Function):
     gradients against that). Backward adds each window's gradient into one
     preallocated gradient buffer. When autograd reaches the write of a slot,
     that slot's gradient is complete: every window that reads it was handed
-    out by a later write, whose backward ran first.
+    out by a later write, whose backward ran first. The windows are outputs
+    in the layout attention reads, so no view op sits between them and this
+    backward (each would allocate a full-size gradient per step).
     """
 
     @staticmethod
-    def forward(ctx, new: Tensor, buffer: KeyValueBuffer, span: int) -> Tensor:
-        window = buffer._write(new, span)
+    def forward(ctx, new: Tensor, buffer: KeyValueBuffer, span: int):
+        planes = buffer._write(new, span)
         ctx.buffer = buffer  # not save_for_backward: the buffer is no graph input
         ctx.start, ctx.end = buffer.length - new.size(0), buffer.length
-        ctx.window_start = ctx.end - window.size(0)
-        return window
+        ctx.window_start = ctx.end - planes[0].size(2)
+        return planes
 
     @staticmethod
-    def backward(ctx, grad_window: Tensor):
+    def backward(ctx, *grad_planes: Tensor):
         buffer = ctx.buffer
         if buffer.grad is None:
             buffer.grad = torch.zeros_like(buffer.slots)
-        buffer.grad[ctx.window_start : ctx.end] += grad_window
+        window = buffer.grad[ctx.window_start : ctx.end].permute(1, 2, 3, 0, 4)
+        for plane, grad in zip(window, grad_planes):
+            if grad is not None:
+                plane += grad
         return buffer.grad[ctx.start : ctx.end], None, None
