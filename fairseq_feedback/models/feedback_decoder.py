@@ -104,7 +104,7 @@ class FeedbackDecoder(TransformerDecoderBase):
         all_layers = [self.layers[i] for i in range(self.num_layers)]
         layer_encoder_kv = [None] * self.num_layers if encoder_kv is None else encoder_kv.unbind()
         mix = self.memory.mixing_weights().unbind() if self.feedback else None
-        key_positions = self._position_table()
+        add_positions = self._position_table()
         keep_last_memory = incremental_state is not None
         stream_inputs = [] if stream_state is not None else None  # what the next block's memory is made of
 
@@ -112,19 +112,21 @@ class FeedbackDecoder(TransformerDecoderBase):
         for t, h in enumerate(x.unbind(0)):  # not x[t]: each index's backward fills a gradient of all of x
             if self.feedback:
                 m = h * mix[0]
-                layer_kv = self.memory.keys_values(window)
+                # positions join the keys once per projection, not once per layer
+                layer_kv = [(add_positions(k), v) for k, v in self.memory.keys_values(window)]
             else:
                 layer_inputs = []
             for i, layer in enumerate(all_layers):
                 if self.feedback:
-                    keys, values = layer_kv[i]
+                    keys, values = layer_kv[0 if self.memory.shared_kv else i]
                 else:  # the baseline: a layer attends to its own input's past, itself included
                     layer_inputs.append(h)
                     if not active[i]:
                         continue
                     keys, values = memories[i].append(layer.project_own_memory(h.unsqueeze(0)), self.span)
+                    keys = add_positions(keys)
                 if active[i]:
-                    h = layer.step(h, keys, values, key_positions(keys.size(2)), layer_encoder_kv[i], encoder_bias)
+                    h = layer.step(h, keys, values, layer_encoder_kv[i], encoder_bias)
                 if self.feedback:
                     m = torch.addcmul(m, h, mix[i + 1])  # eq. 1; a dropped layer passes its input on
             outputs.append(h)
@@ -160,13 +162,14 @@ class FeedbackDecoder(TransformerDecoderBase):
         return [KeyValueBuffer(state[key], length) for key in sorted(state) if key.startswith("memory")]
 
     def _position_table(self):
-        """Relative position embeddings for a window of n slots, scaled like the
-        scores they are added to; sliced only while the memory is shorter than
-        the span (each slice costs a gradient of the whole table)."""
-        if self.key_positions is None:
-            return lambda n: None
-        table = self.key_positions * self.key_positions.size(1) ** -0.5
-        return lambda n: table if n == self.span else table[-n:]
+        """k_j + p_{t-j}: relative positions are key-side embeddings shared by
+        all layers and heads, so q.(k + p) = q.k + q.p adds them to the keys.
+        The table is sliced only while the memory is shorter than the span
+        (each slice costs a gradient of the whole table)."""
+        table = self.key_positions
+        if table is None:
+            return lambda keys: keys
+        return lambda keys: keys + (table if keys.size(2) == self.span else table[-keys.size(2):])
 
     def _start_memories(self, carried: Optional[Tensor], batch: int, steps: int):
         """Key/value buffers, and the window step 0 reads. Feedback: one buffer,

@@ -21,28 +21,19 @@ def attend_one_step(
     keys: Tensor,
     values: Tensor,
     bias: Optional[Tensor] = None,
-    key_positions: Optional[Tensor] = None,
     dropout_p: float = 0.0,
 ) -> Tensor:
-    """softmax(q.k / sqrt(d_head) + q.p / sqrt(d_head) + bias) v for queries `x`
-    ([rows, embed]) over `keys`/`values` ([batch, heads, keys, head_dim]).
+    """softmax(q.k / sqrt(d_head) + bias) v for queries `x` ([rows, embed]) over
+    `keys`/`values` ([batch, heads, keys, head_dim]); -inf in `bias` masks a key.
 
     With fewer key rows than query rows, each key row serves a group of
     consecutive query rows: the hypotheses of one sentence in beam search,
     which share the encoder's keys and values (as fairseq's "beamable"
     encoder attention does), so those are stored once per sentence.
-
-    `key_positions` ([keys, head_dim]) are key-side relative position
-    embeddings shared by all heads (Shaw et al. 2018, as the paper's LMs use),
-    already scaled by 1/sqrt(d_head).
-    `bias` is added to the scores; -inf masks a key.
     """
     rows = x.size(0)
     batch, heads, _, head_dim = keys.shape
     q = q_proj(x).view(batch, rows // batch, heads, head_dim).transpose(1, 2)
-    if key_positions is not None:
-        position_scores = torch.matmul(q, key_positions.t())
-        bias = position_scores if bias is None else position_scores + bias
     if torch.is_grad_enabled():  # the fused kernel's backward is the faster one
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias, dropout_p=dropout_p)
     else:  # for a few query rows, two small matmuls beat the fused kernel's setup
@@ -76,8 +67,7 @@ class FeedbackAttention(nn.Module):
         nn.init.xavier_uniform_(self.out_proj.weight)
         nn.init.constant_(self.out_proj.bias, 0.0)
 
-    def forward(self, x, keys, values, bias=None, key_positions=None):
+    def forward(self, x, keys, values):
         return attend_one_step(
-            x, self.q_proj, self.out_proj, keys, values, bias, key_positions,
-            self.dropout if self.training else 0.0,
+            x, self.q_proj, self.out_proj, keys, values, dropout_p=self.dropout if self.training else 0.0
         )

@@ -53,11 +53,10 @@ class FeedbackDecoderLayer(TransformerDecoderLayerBase):
     def _feed_forward(self, x: Tensor) -> Tensor:
         return self.fc2(self.activation_dropout_module(self.activation_fn(self.fc1(x))))
 
-    def step(self, x, memory_keys, memory_values, key_positions=None, encoder_kv=None, encoder_bias=None):
+    def step(self, x, memory_keys, memory_values, encoder_kv=None, encoder_bias=None):
         """x: [batch, embed] at one step; memory keys/values: [batch, heads, slots, head_dim]."""
         x = self._sublayer(
-            x, self.self_attn_layer_norm,
-            lambda h: self.self_attn(h, memory_keys, memory_values, key_positions=key_positions),
+            x, self.self_attn_layer_norm, lambda h: self.self_attn(h, memory_keys, memory_values)
         )
         if self.encoder_attn is not None:
             attn = self.encoder_attn

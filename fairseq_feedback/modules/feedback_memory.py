@@ -41,7 +41,7 @@ class FeedbackMemory(nn.Module):
         return kv.transpose(1, 2)
 
     def keys_values(self, window):
-        """Per layer, the keys and values it reads from a window (one
-        [batch, heads, slots, head_dim] view per plane)."""
-        pairs = [(window[p], window[p + 1]) for p in range(0, self.planes, 2)]
-        return pairs * self.num_layers if self.shared_kv else pairs
+        """The (keys, values) of each projection in a window (one [batch,
+        heads, slots, head_dim] view per plane): one pair when all layers share
+        the projection, else one per layer."""
+        return [(window[p], window[p + 1]) for p in range(0, self.planes, 2)]
