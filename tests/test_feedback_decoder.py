@@ -15,7 +15,21 @@ VARIANTS = {
     "pre-norm": ["--decoder-normalize-before"],
     "per-layer kv, pre-norm": ["--per-layer-kv", "--decoder-normalize-before"],
     "relative positions": ["--relative-positions"],
+    "adaptive span": ["--adaptive-span", "--adaptive-span-ramp", "2", "--relative-positions"],
+    "persistent vectors, all-attention": ["--persistent-vectors", "3", "--no-feed-forward"],
+    "top-layer memory": ["--memory-composition", "top"],
+    "layer-1 memory, per-layer kv": ["--memory-composition", "layer:1", "--per-layer-kv"],
+    "average memory": ["--memory-composition", "average", "--decoder-normalize-before"],
 }
+
+
+def train_spans(model, seed=0):
+    """Adaptive spans that differ per head and reach less than --memory-span."""
+    g = torch.Generator().manual_seed(seed)
+    for layer in model.decoder.layers:
+        if layer.self_attn.span_mask is not None:
+            mask = layer.self_attn.span_mask
+            mask.span_fraction.data = torch.rand(mask.span_fraction.shape, generator=g) * 0.5 / mask.max_span * 8
 TARGET_LENGTH = 7
 SPANS = {"span shorter than target": 3, "span longer than target": 16}
 
@@ -47,6 +61,7 @@ def incremental(model, encoder_out, prev, state=None):
 @pytest.mark.parametrize("flags", VARIANTS.values(), ids=VARIANTS.keys())
 def test_incremental_decoding_equals_teacher_forcing(flags, span):
     model, d = tiny_translation_model("--memory-span", str(span), *flags)
+    train_spans(model)
     model.eval()
     src, src_lengths, prev = batch(d)
     expected = teacher_forced(model, src, src_lengths, prev)
@@ -60,6 +75,7 @@ def test_reorder_follows_hypotheses_when_the_batch_shrinks(flags):
     """Reordering mid-sentence, while dropping rows as beam search does when a
     sentence finishes, continues each kept row's own history."""
     model, d = tiny_translation_model("--memory-span", "4", *flags)
+    train_spans(model)
     model.eval()
     src, src_lengths, prev = batch(d, rows=4)
     encoder_out = model.encoder(src, src_lengths)
@@ -99,8 +115,10 @@ def test_beam_search_scores_equal_teacher_forced_scores(flags):
 
 def reference_log_probs(model, src, src_lengths, prev):
     """Section 3.3 written plainly, with torch.cat, reusing only the model's
-    parameters: m_t = sum_l softmax(w)_l x_t^l; layer l at step t attends to
-    [m_{t-span}, ..., m_{t-1}] (m_{-1} = 0) through k = W_k m, v = W_v m."""
+    parameters: m_t = sum_l c_l x_t^l, with c = softmax(w) (eq. 1), or the
+    average, or one layer; layer l at step t attends to [m_{t-span}, ...,
+    m_{t-1}] (m_{-1} = 0) through k = W_k m, v = W_v m, plus its persistent
+    vectors; an adaptive span scales the attention weights by its soft mask."""
     dec = model.decoder
     encoder_out = model.encoder(src, src_lengths)
     enc, enc_pad = encoder_out["encoder_out"][0], encoder_out["encoder_padding_mask"][0]
@@ -108,42 +126,73 @@ def reference_log_probs(model, src, src_lengths, prev):
     x0 = dec.embed(prev, dec.embed_positions(prev))
     mem = dec.memory
     heads, head_dim, pre_norm = mem.num_heads, mem.head_dim, dec.cfg.decoder.normalize_before
-    w = torch.softmax(mem.layer_weights, dim=0)
+    L = len(dec.layers)
+    composition = dec.cfg.memory_composition
+    if composition == "weighted":
+        c = torch.softmax(mem.layer_weights, dim=0)
+    elif composition == "average":
+        c = torch.full((L + 1,), 1 / (L + 1))
+    else:
+        c = torch.zeros(L + 1)
+        c[L if composition == "top" else int(composition.split(":")[1])] = 1
 
-    def attention(q, k, v, bias):  # q [B, H, dh]; k, v [B, H, N, dh]
+    def attention(q, k, v, bias, persistent=None, mask=None):  # q [B, H, dh]; k, v [B, H, N, dh]
         scores = torch.einsum("bhd,bhnd->bhn", q, k) / math.sqrt(head_dim) + bias
-        return torch.einsum("bhn,bhnd->bhd", torch.softmax(scores, -1), v).reshape(rows, -1)
+        weights = torch.softmax(scores, -1)
+        if mask is not None:  # Sukhbaatar et al. 2019: scale by the soft mask, renormalise
+            weights = weights * mask
+            weights = weights / weights.sum(-1, keepdim=True)
+        if persistent is not None:  # all-attention: one softmax over memory and persistent scores
+            pk, pv = persistent
+            scores_p = torch.einsum("bhd,hnd->bhn", q, pk) / math.sqrt(head_dim)
+            joint = torch.softmax(torch.cat([scores_p, scores + (mask.log() if mask is not None else 0)], -1), -1)
+            n = pk.size(1)
+            return (torch.einsum("bhn,hnd->bhd", joint[..., :n], pv)
+                    + torch.einsum("bhn,bhnd->bhd", joint[..., n:], v)).reshape(rows, -1)
+        return torch.einsum("bhn,bhnd->bhd", weights, v).reshape(rows, -1)
 
     def sublayer(h, norm, f):
         out = h + f(norm(h) if pre_norm else h)
         return out if pre_norm else norm(out)
 
+    span = dec.current_span()
     memories = torch.zeros(1, rows, dec.embed_dim)  # m_{-1}
     outputs = []
     for t in range(steps):
-        window = memories[-dec.span :]
+        window = memories[-span:]
         kv = mem.kv_proj(mem.layer_norm(window) if pre_norm else window)
         kv = kv.view(len(window), rows, -1, heads, head_dim).permute(2, 1, 3, 0, 4)  # [planes, B, H, N, dh]
         position_bias = 0.0
         h, states = x0[t], [x0[t]]
         for l, layer in enumerate(dec.layers):
             plane = 0 if mem.shared_kv else 2 * l
-            q_proj = layer.self_attn.q_proj
+            attn = layer.self_attn
             if dec.key_positions is not None:
-                q = q_proj(layer.self_attn_layer_norm(h) if pre_norm else h).view(rows, heads, head_dim)
+                q = attn.q_proj(layer.self_attn_layer_norm(h) if pre_norm else h).view(rows, heads, head_dim)
                 position_bias = q @ dec.key_positions[-len(window):].t() / math.sqrt(head_dim)
-            h = sublayer(h, layer.self_attn_layer_norm, lambda x: layer.self_attn.out_proj(
-                attention(q_proj(x).view(rows, heads, head_dim), kv[plane], kv[plane + 1], position_bias)))
+            mask = None
+            if attn.span_mask is not None:
+                distance = torch.arange(len(window) - 1, -1, -1.0)
+                z = attn.span_mask.span_fraction[:, None] * attn.span_mask.max_span
+                mask = ((z - distance) / attn.span_mask.ramp + 1).clamp(0, 1)[None]
+            persistent = None
+            if attn.persistent_keys is not None:
+                n = attn.persistent_keys.size(1)
+                persistent = (attn.persistent_keys * math.sqrt(head_dim), attn.persistent_values * math.sqrt(n))
+            h = sublayer(h, layer.self_attn_layer_norm, lambda x: attn.out_proj(
+                attention(attn.q_proj(x).view(rows, heads, head_dim), kv[plane], kv[plane + 1], position_bias,
+                          persistent, mask)))
             ea = layer.encoder_attn
             ek = ea.k_proj(enc).view(-1, rows, ea.num_heads, ea.head_dim).permute(1, 2, 0, 3)
             ev = ea.v_proj(enc).view(-1, rows, ea.num_heads, ea.head_dim).permute(1, 2, 0, 3)
             pad_bias = enc_pad[:, None, :].float() * -1e9
             h = sublayer(h, layer.encoder_attn_layer_norm, lambda x: ea.out_proj(
                 attention(ea.q_proj(x).view(rows, ea.num_heads, ea.head_dim), ek, ev, pad_bias)))
-            h = sublayer(h, layer.final_layer_norm, lambda x: layer.fc2(F.relu(layer.fc1(x))))
+            if layer.fc1 is not None:
+                h = sublayer(h, layer.final_layer_norm, lambda x: layer.fc2(F.relu(layer.fc1(x))))
             states.append(h)
         outputs.append(h)
-        m_t = sum(w[l] * states[l] for l in range(len(states)))
+        m_t = sum(c[l] * states[l] for l in range(len(states)))
         memories = torch.cat([memories, m_t.unsqueeze(0)])
     x = torch.stack(outputs)
     if dec.layer_norm is not None:
@@ -155,10 +204,12 @@ def reference_log_probs(model, src, src_lengths, prev):
 @pytest.mark.parametrize("flags", VARIANTS.values(), ids=VARIANTS.keys())
 def test_gradients_equal_a_plain_reference(flags, span):
     model, d = tiny_translation_model("--memory-span", str(span), "--dropout", "0", *flags)
+    train_spans(model)
     model.train()  # the training path, with dropout 0 so that it is deterministic
     src, src_lengths, prev = batch(d)
     # train the layer weights away from uniform so every term of eq. 1 matters
-    torch.nn.init.normal_(model.decoder.memory.layer_weights)
+    if model.decoder.memory.layer_weights is not None:
+        torch.nn.init.normal_(model.decoder.memory.layer_weights)
     target = torch.randint(d.nspecial, len(d), prev.shape)
 
     def gradients(log_probs):
@@ -172,7 +223,8 @@ def test_gradients_equal_a_plain_reference(flags, span):
     expected = gradients(expected_lp)
     torch.testing.assert_close(got_lp, expected_lp, atol=1e-5, rtol=0)
     assert got.keys() == expected.keys()
-    assert "decoder.memory.layer_weights" in got and "decoder.memory.kv_proj.weight" in got
+    assert "decoder.memory.kv_proj.weight" in got
+    assert ("decoder.memory.layer_weights" in got) == (model.decoder.cfg.memory_composition == "weighted")
     for name in expected:
         torch.testing.assert_close(got[name], expected[name], atol=1e-5, rtol=1e-4, msg=name)
 

@@ -16,7 +16,20 @@ MODELS = {
     "feedback": [],
     "feedback, per-layer kv": ["--per-layer-kv"],
     "transformer baseline": ["--no-feedback"],
+    "adaptive span": ["--adaptive-span", "--adaptive-span-ramp", "2"],
+    "baseline, adaptive span": ["--no-feedback", "--adaptive-span", "--adaptive-span-ramp", "2"],
+    "persistent vectors, all-attention": ["--persistent-vectors", "4", "--no-feed-forward"],
+    "top-layer memory": ["--memory-composition", "top"],
 }
+
+
+def with_trained_spans(model):
+    """Spans that differ per head and reach less than --memory-span."""
+    for layer in model.decoder.layers:
+        if layer.self_attn.span_mask is not None:
+            heads = layer.self_attn.span_mask.span_fraction
+            heads.data = torch.linspace(0.1, 0.4, len(heads))
+    return model
 
 
 class Split:
@@ -65,7 +78,7 @@ def streamed_log_probs(model, task, split, block, rows=1):
 def test_a_stream_read_in_blocks_equals_one_pass(flags):
     d = make_dictionary()
     model, task = tiny_lm("--memory-span", "12", *flags, dictionary=d)
-    model.eval()
+    with_trained_spans(model).eval()
     split = SplitStream("valid", random_split(d))
     stream = torch.cat(split.tokens.lines)
     inputs = torch.cat([torch.tensor([d.eos()]), stream[:-1]]).unsqueeze(0)
@@ -115,7 +128,7 @@ def test_memory_is_carried_within_a_stream_and_never_across_streams():
 def test_incremental_sampling_equals_the_training_forward(flags):
     d = make_dictionary()
     model, task = tiny_lm("--memory-span", "6", *flags, dictionary=d)
-    model.eval()
+    with_trained_spans(model).eval()
     generator = SequenceGenerator([model], d, beam_size=1, search_strategy=search.Sampling(d), max_len_b=15,
                                   min_len=15)
     prompt = torch.randint(d.nspecial, len(d), (3, 4))

@@ -6,6 +6,7 @@ from typing import Optional
 from fairseq.dataclass import FairseqDataclass
 
 from ..errors import FeedbackUsageError
+from ..modules.feedback_memory import composition_layer
 
 
 @dataclass
@@ -33,6 +34,33 @@ class FeedbackConfig(FairseqDataclass):
         metadata={"help": "add learned key-side relative position embeddings over the span, "
                           "shared by all layers and heads (the paper's language models)"},
     )
+    memory_composition: str = field(
+        default="weighted",
+        metadata={"help": "how the memory combines the layers (paper, Figures 5 and 8): 'weighted' "
+                          "(eq. 1, learned softmax weights), 'average', 'top' (the last layer only), or "
+                          "'layer:K' (layer K only; 0 is the embeddings)"},
+    )
+    adaptive_span: bool = field(
+        default=False,
+        metadata={"help": "learn each head's span up to --memory-span (Sukhbaatar et al. 2019); "
+                          "the memory kept is what the widest head reaches"},
+    )
+    adaptive_span_ramp: int = field(default=32, metadata={"help": "length of the adaptive span's soft ramp"})
+    adaptive_span_init: float = field(default=0.0, metadata={"help": "initial span, as a fraction of --memory-span"})
+    adaptive_span_loss: float = field(
+        default=0.0,
+        metadata={"help": "coefficient of the span loss, memory span x mean span fraction per layer, added to "
+                          "the training loss by this plugin's tasks and logged as span_loss"},
+    )
+    persistent_vectors: int = field(
+        default=0,
+        metadata={"help": "learned key/value vectors per head that every step also attends to "
+                          "(Sukhbaatar et al. 2019, all-attention)"},
+    )
+    no_feed_forward: bool = field(
+        default=False,
+        metadata={"help": "drop the feed-forward sublayers (with --persistent-vectors: all-attention layers)"},
+    )
 
 
 def decoder_config(args):
@@ -59,6 +87,11 @@ def check_feedback_args(args) -> None:
         )
     if args.head_dim is not None and args.head_dim < 1:
         raise FeedbackUsageError(f"--head-dim must be at least 1, got {args.head_dim}")
+    composition_layer(args.memory_composition, args.decoder_layers)
+    if args.adaptive_span and (args.adaptive_span_ramp < 1 or not 0 <= args.adaptive_span_init <= 1):
+        raise FeedbackUsageError("--adaptive-span needs --adaptive-span-ramp >= 1 and --adaptive-span-init in [0, 1]")
+    if args.persistent_vectors < 0:
+        raise FeedbackUsageError(f"--persistent-vectors must be at least 0, got {args.persistent_vectors}")
     if getattr(args, "checkpoint_activations", False):
         raise FeedbackUsageError("--checkpoint-activations is not supported by the feedback decoder; drop the flag")
 
@@ -74,3 +107,4 @@ def check_dictionary_sizes(model, state_dict) -> None:
                 f"the checkpoint's {side} dictionary has {state_dict[name].size(0)} symbols but the data's has "
                 f"{own[name].size(0)}: use the data directory (dict.*.txt) the model was trained with"
             )
+

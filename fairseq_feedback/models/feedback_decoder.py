@@ -18,6 +18,7 @@ import torch
 from fairseq.models.transformer import TransformerDecoderBase
 from torch import Tensor, nn
 
+from ..modules.feedback_attention import MemoryView
 from ..modules.feedback_decoder_layer import FeedbackDecoderLayer
 from ..modules.feedback_memory import FeedbackMemory
 from ..modules.key_value_buffer import KeyValueBuffer
@@ -35,9 +36,10 @@ class FeedbackDecoder(TransformerDecoderBase):
         heads = cfg.decoder.attention_heads
         head_dim = cfg.head_dim or self.embed_dim // heads
         self.memory = FeedbackMemory(
-            self.embed_dim, self.num_layers, heads, head_dim,
-            shared_kv=not cfg.per_layer_kv, normalize_before=cfg.decoder.normalize_before,
+            self.embed_dim, self.num_layers, heads, head_dim, shared_kv=not cfg.per_layer_kv,
+            normalize_before=cfg.decoder.normalize_before, composition=cfg.memory_composition,
         ) if self.feedback else None
+        self.span_loss_coefficient = cfg.adaptive_span_loss if cfg.adaptive_span else 0.0
         # row span - d embeds distance d, so a window's last rows line up with it
         self.key_positions = (
             nn.Parameter(torch.randn(self.span, head_dim) * head_dim**-0.5)
@@ -45,7 +47,7 @@ class FeedbackDecoder(TransformerDecoderBase):
         )
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
-        return FeedbackDecoderLayer(cfg, no_encoder_attn, memory_head_dim=cfg.head_dim, own_memory=cfg.no_feedback)
+        return FeedbackDecoderLayer(cfg, no_encoder_attn)
 
     def embed(self, tokens: Tensor, positions: Optional[Tensor]) -> Tensor:
         """x^0: tokens [batch, time] -> [time, batch, embed], as fairseq's decoder embeds them."""
@@ -88,14 +90,15 @@ class FeedbackDecoder(TransformerDecoderBase):
         x = self.embed(new_tokens, positions)
         steps, batch, _ = x.shape
 
+        span = self.current_span()
         carried = None if stream_state is None else stream_state.get("memory")
         if state is None:
             room = 0 if incremental_state is None else 16  # decoding appends later
-            memories, window = self._start_memories(carried, batch, steps + room)
+            memories, window = self._start_memories(carried, batch, steps + room, span)
             encoder_kv = self._encoder_keys_values(encoder_out, self._sentence_rows(incremental_state, encoder_out))
         else:
             memories = self._memories_in(state)
-            window = memories[0].window(self.span)
+            window = memories[0].window(span)
             encoder_kv = state["encoder_kv"]
         encoder_bias = self._encoder_attention_mask(encoder_out, encoder_kv)
 
@@ -105,6 +108,8 @@ class FeedbackDecoder(TransformerDecoderBase):
         layer_encoder_kv = [None] * self.num_layers if encoder_kv is None else encoder_kv.unbind()
         mix = self.memory.mixing_weights().unbind() if self.feedback else None
         add_positions = self._position_table()
+        span_biases = [layer.self_attn.span_mask.bias(span) if layer.self_attn.span_mask else None for layer in all_layers]
+        persistent = [layer.self_attn.persistent() for layer in all_layers]
         keep_last_memory = incremental_state is not None
         stream_inputs = [] if stream_state is not None else None  # what the next block's memory is made of
 
@@ -123,15 +128,19 @@ class FeedbackDecoder(TransformerDecoderBase):
                     layer_inputs.append(h)
                     if not active[i]:
                         continue
-                    keys, values = memories[i].append(layer.project_own_memory(h.unsqueeze(0)), self.span)
+                    keys, values = memories[i].append(layer.project_own_memory(h.unsqueeze(0)), span)
                     keys = add_positions(keys)
                 if active[i]:
-                    h = layer.step(h, keys, values, layer_encoder_kv[i], encoder_bias)
+                    bias = span_biases[i]
+                    if bias is not None and bias.size(-1) != keys.size(2):
+                        bias = bias[..., -keys.size(2):]
+                    memory = MemoryView(keys, values, bias, persistent[i])
+                    h = layer.step(h, memory, layer_encoder_kv[i], encoder_bias)
                 if self.feedback:
                     m = torch.addcmul(m, h, mix[i + 1])  # eq. 1; a dropped layer passes its input on
             outputs.append(h)
             if self.feedback and (t < steps - 1 or keep_last_memory):
-                window = memories[0].append(self.memory.project(m.unsqueeze(0)), self.span)
+                window = memories[0].append(self.memory.project(m.unsqueeze(0)), span)
             if stream_inputs is not None:
                 stream_inputs.append(m if self.feedback else torch.stack(layer_inputs))
 
@@ -161,6 +170,26 @@ class FeedbackDecoder(TransformerDecoderBase):
         length = int(state["length"])
         return [KeyValueBuffer(state[key], length) for key in sorted(state) if key.startswith("memory")]
 
+    def _span_masks(self):
+        return [self.layers[i].self_attn.span_mask for i in range(self.num_layers)
+                if self.layers[i].self_attn.span_mask is not None]
+
+    def current_span(self) -> int:
+        """How many slots a step attends to: --memory-span, or with adaptive
+        spans what the widest head reaches; the memory kept is trimmed to it."""
+        masks = self._span_masks()
+        return max(mask.current_span() for mask in masks) if masks else self.span
+
+    def span_loss(self) -> Optional[Tensor]:
+        """The adaptive-span loss, or None."""
+        if not self.span_loss_coefficient:
+            return None
+        return self.span_loss_coefficient * sum(mask.loss() for mask in self._span_masks())
+
+    def clamp_spans(self):
+        for mask in self._span_masks():
+            mask.clamp_()
+
     def _position_table(self):
         """k_j + p_{t-j}: relative positions are key-side embeddings shared by
         all layers and heads, so q.(k + p) = q.k + q.p adds them to the keys.
@@ -171,22 +200,22 @@ class FeedbackDecoder(TransformerDecoderBase):
             return lambda keys: keys
         return lambda keys: keys + (table if keys.size(2) == self.span else table[-keys.size(2):])
 
-    def _start_memories(self, carried: Optional[Tensor], batch: int, steps: int):
+    def _start_memories(self, carried: Optional[Tensor], batch: int, steps: int, span: int):
         """Key/value buffers, and the window step 0 reads. Feedback: one buffer,
         starting with the carried memory vectors or m_{-1} = 0. Baseline: one
         buffer per layer, starting with the layer's carried inputs; each step
         appends its own input before reading, so there is no window yet."""
         if self.feedback:
-            initial = carried if carried is not None else self._zero_memory(batch)
+            initial = carried[-span:] if carried is not None else self._zero_memory(batch)
             kv = self.memory.project(initial)
             memory = KeyValueBuffer.empty(kv.size(0) + steps, like=kv)
-            return [memory], memory.append(kv, self.span)
+            return [memory], memory.append(kv, span)
         memories = []
         for i in range(self.num_layers):
-            initial = carried[i] if carried is not None else self._zero_memory(batch)[:0]
+            initial = carried[i, -span:] if carried is not None else self._zero_memory(batch)[:0]
             kv = self.layers[i].project_own_memory(initial)
             memories.append(KeyValueBuffer.empty(kv.size(0) + steps, like=kv))
-            memories[-1].append(kv, self.span)
+            memories[-1].append(kv, span)
         return memories, None
 
     def _next_stream_memory(self, carried: Optional[Tensor], block: Tensor, batch: int) -> Tensor:
@@ -245,7 +274,7 @@ class FeedbackDecoder(TransformerDecoderBase):
         if state is None:
             return
         rows = state["memory0"].size(2)
-        memories = [memory.reorder(new_order, self.span) for memory in self._memories_in(state)]
+        memories = [memory.reorder(new_order, self.current_span()) for memory in self._memories_in(state)]
         state.update(self._memory_state(memories))
         encoder_kv = state["encoder_kv"]
         if encoder_kv is not None and encoder_kv.size(2) == rows:

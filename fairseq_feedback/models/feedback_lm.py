@@ -147,9 +147,16 @@ def feedback_lm_wiki103(args):
     _paper_lm_defaults(args)
 
 
+def _adaptive_span(args, loss):
+    """The paper's long-span models learn each head's span (Sukhbaatar et al. 2019)."""
+    args.adaptive_span = getattr(args, "adaptive_span", True)
+    args.adaptive_span_loss = getattr(args, "adaptive_span_loss", loss)
+
+
 @register_model_architecture("feedback_lm", "feedback_lm_wiki103_large")
 def feedback_lm_wiki103_large(args):
     _sizes(args, layers=8, embed_dim=1024, ffn_dim=4096, heads=8, span=2048, dropout=0.3)
+    _adaptive_span(args, loss=1e-5)
     _adaptive_input_and_softmax(args, softmax_dropout=0.2)
     _paper_lm_defaults(args)
 
@@ -157,6 +164,7 @@ def feedback_lm_wiki103_large(args):
 @register_model_architecture("feedback_lm", "feedback_lm_enwik8")
 def feedback_lm_enwik8(args):
     _sizes(args, layers=12, embed_dim=512, ffn_dim=4096, heads=8, span=8192, dropout=0.5, head_dim=128)
+    _adaptive_span(args, loss=5e-7)
     _paper_lm_defaults(args)
 
 

@@ -6,12 +6,26 @@ output, position tables, masks) is prepared outside it. What is left per step
 is a query projection, one fused attention call and an output projection.
 """
 
-from typing import Optional
+import math
+from typing import NamedTuple, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from fairseq.modules.quant_noise import quant_noise
 from torch import Tensor, nn
+
+from .adaptive_span import AdaptiveSpanMask
+
+
+class MemoryView(NamedTuple):
+    """What one layer reads at one step: keys and values [batch, heads, slots,
+    head_dim], a bias on their scores (adaptive span), and the layer's
+    persistent key/value vectors [heads, n, head_dim]."""
+
+    keys: Tensor
+    values: Tensor
+    bias: Optional[Tensor] = None
+    persistent: Optional[Tuple[Tensor, Tensor]] = None
 
 
 def attend_one_step(
@@ -22,9 +36,13 @@ def attend_one_step(
     values: Tensor,
     bias: Optional[Tensor] = None,
     dropout_p: float = 0.0,
+    persistent: Optional[Tuple[Tensor, Tensor]] = None,
 ) -> Tensor:
     """softmax(q.k / sqrt(d_head) + bias) v for queries `x` ([rows, embed]) over
     `keys`/`values` ([batch, heads, keys, head_dim]); -inf in `bias` masks a key.
+
+    `persistent` key/value vectors join the keys in the same softmax, with no
+    bias (Sukhbaatar et al. 2019b, "all-attention").
 
     With fewer key rows than query rows, each key row serves a group of
     consecutive query rows: the hypotheses of one sentence in beam search,
@@ -34,13 +52,21 @@ def attend_one_step(
     rows = x.size(0)
     batch, heads, _, head_dim = keys.shape
     q = q_proj(x).view(batch, rows // batch, heads, head_dim).transpose(1, 2)
-    if torch.is_grad_enabled():  # the fused kernel's backward is the faster one
+    if torch.is_grad_enabled() and persistent is None:  # the fused kernel's backward is the faster one
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias, dropout_p=dropout_p)
     else:  # for a few query rows, two small matmuls beat the fused kernel's setup
-        scores = torch.matmul(q * head_dim**-0.5, keys.transpose(-1, -2))
+        q = q * head_dim**-0.5
+        scores = torch.matmul(q, keys.transpose(-1, -2))
         if bias is not None:
             scores = scores + bias
-        out = torch.matmul(F.dropout(scores.softmax(-1), dropout_p), values)
+        if persistent is not None:
+            scores = torch.cat([torch.matmul(q, persistent[0].transpose(-1, -2)), scores], dim=-1)
+        weights = F.dropout(scores.softmax(-1), dropout_p)
+        if persistent is None:
+            out = torch.matmul(weights, values)
+        else:
+            n = persistent[0].size(1)
+            out = torch.matmul(weights[..., :n], persistent[1]) + torch.matmul(weights[..., n:], values)
     return out_proj(out.transpose(1, 2).reshape(rows, heads * head_dim))
 
 
@@ -52,9 +78,15 @@ class FeedbackAttention(nn.Module):
     the feedback decoder cheap per token. The transformer baseline
     (`own_memory`) attends to its own layer's inputs instead, so it projects
     their keys and values itself, like any self-attention.
+
+    Options: `persistent_vectors` learned key/value pairs per head (with the
+    reparameterisation k = sqrt(d_head) k', v = sqrt(n) v', so that they start
+    with unit variance while k', v' start like feed-forward weights), and an
+    adaptive span per head (`adaptive_span`: max span, ramp, initial z).
     """
 
-    def __init__(self, embed_dim, num_heads, head_dim, dropout=0.0, q_noise=0.0, qn_block_size=8, own_memory=False):
+    def __init__(self, embed_dim, num_heads, head_dim, dropout=0.0, q_noise=0.0, qn_block_size=8, own_memory=False,
+                 persistent_vectors=0, adaptive_span=None):
         super().__init__()
         self.num_heads, self.head_dim, self.dropout = num_heads, head_dim, dropout
         self.q_proj = quant_noise(nn.Linear(embed_dim, num_heads * head_dim), q_noise, qn_block_size)
@@ -66,8 +98,24 @@ class FeedbackAttention(nn.Module):
                 nn.init.xavier_uniform_(proj.weight, gain=2**-0.5)
         nn.init.xavier_uniform_(self.out_proj.weight)
         nn.init.constant_(self.out_proj.bias, 0.0)
+        self.persistent_keys = self.persistent_values = None
+        if persistent_vectors:
+            shape = (num_heads, persistent_vectors, head_dim)
+            self.persistent_keys = nn.Parameter(torch.randn(shape) * head_dim**-0.5)
+            self.persistent_values = nn.Parameter(torch.randn(shape) * persistent_vectors**-0.5)
+        self.span_mask = None
+        if adaptive_span:
+            max_span, ramp, init = adaptive_span
+            self.span_mask = AdaptiveSpanMask(max_span, ramp, num_heads, init)
 
-    def forward(self, x, keys, values):
+    def persistent(self) -> Optional[Tuple[Tensor, Tensor]]:
+        if self.persistent_keys is None:
+            return None
+        n = self.persistent_keys.size(1)
+        return self.persistent_keys * math.sqrt(self.head_dim), self.persistent_values * math.sqrt(n)
+
+    def forward(self, x, memory: MemoryView):
         return attend_one_step(
-            x, self.q_proj, self.out_proj, keys, values, dropout_p=self.dropout if self.training else 0.0
+            x, self.q_proj, self.out_proj, memory.keys, memory.values, memory.bias,
+            self.dropout if self.training else 0.0, memory.persistent,
         )

@@ -5,26 +5,29 @@
 then encoder-decoder attention and the feed-forward block, exactly as in
 fairseq's TransformerDecoderLayer, whose norms, feed-forward, encoder
 attention and dropouts this layer inherits; only self-attention is replaced.
+With --no-feed-forward (and persistent vectors) it is an all-attention layer.
 """
 
 import torch
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
 from torch import Tensor
 
-from .feedback_attention import FeedbackAttention, attend_one_step
+from .feedback_attention import FeedbackAttention, MemoryView, attend_one_step
 
 
 class FeedbackDecoderLayer(TransformerDecoderLayerBase):
-    def __init__(self, cfg, no_encoder_attn=False, memory_head_dim=None, own_memory=False):
-        # read by build_self_attention, which the base constructor calls
-        self.memory_head_dim = memory_head_dim or cfg.decoder.embed_dim // cfg.decoder.attention_heads
-        self.own_memory = own_memory
+    def __init__(self, cfg, no_encoder_attn=False):
         super().__init__(cfg, no_encoder_attn)
+        if cfg.no_feed_forward:
+            self.fc1 = self.fc2 = self.final_layer_norm = None
 
     def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
+        heads = cfg.decoder.attention_heads
+        adaptive_span = (cfg.memory_span, cfg.adaptive_span_ramp, cfg.adaptive_span_init) if cfg.adaptive_span else None
         return FeedbackAttention(
-            embed_dim, cfg.decoder.attention_heads, self.memory_head_dim,
-            cfg.attention_dropout, self.quant_noise, self.quant_noise_block_size, own_memory=self.own_memory,
+            embed_dim, heads, cfg.head_dim or embed_dim // heads, cfg.attention_dropout, self.quant_noise,
+            self.quant_noise_block_size, own_memory=cfg.no_feedback, persistent_vectors=cfg.persistent_vectors,
+            adaptive_span=adaptive_span,
         )
 
     def project_own_memory(self, x: Tensor) -> Tensor:
@@ -53,11 +56,9 @@ class FeedbackDecoderLayer(TransformerDecoderLayerBase):
     def _feed_forward(self, x: Tensor) -> Tensor:
         return self.fc2(self.activation_dropout_module(self.activation_fn(self.fc1(x))))
 
-    def step(self, x, memory_keys, memory_values, encoder_kv=None, encoder_bias=None):
-        """x: [batch, embed] at one step; memory keys/values: [batch, heads, slots, head_dim]."""
-        x = self._sublayer(
-            x, self.self_attn_layer_norm, lambda h: self.self_attn(h, memory_keys, memory_values)
-        )
+    def step(self, x: Tensor, memory: MemoryView, encoder_kv=None, encoder_bias=None) -> Tensor:
+        """x: [batch, embed] at one step."""
+        x = self._sublayer(x, self.self_attn_layer_norm, lambda h: self.self_attn(h, memory))
         if self.encoder_attn is not None:
             attn = self.encoder_attn
             dropout_p = attn.dropout_module.p if self.training else 0.0
@@ -65,4 +66,6 @@ class FeedbackDecoderLayer(TransformerDecoderLayerBase):
                 x, self.encoder_attn_layer_norm,
                 lambda h: attend_one_step(h, attn.q_proj, attn.out_proj, encoder_kv[0], encoder_kv[1], encoder_bias, dropout_p=dropout_p),
             )
+        if self.fc1 is None:
+            return x
         return self._sublayer(x, self.final_layer_norm, self._feed_forward)

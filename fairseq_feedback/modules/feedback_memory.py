@@ -7,6 +7,8 @@ x_t^0 is the embedded token and x_t^l the output of layer l, taken before the
 final layer norm. With shared keys and values (the paper's fast variant) one
 projection serves every layer; with per-layer keys and values each layer has
 its own, but all are still computed once per memory vector, in one matmul.
+The paper's other compositions (Figures 5 and 8) replace softmax(w) by fixed
+weights: the average of all layers, or one layer (the top one) alone.
 """
 
 import torch
@@ -14,14 +16,24 @@ import torch.nn.functional as F
 from fairseq.modules import LayerNorm
 from torch import Tensor, nn
 
+from ..errors import FeedbackUsageError
+
 
 class FeedbackMemory(nn.Module):
-    def __init__(self, embed_dim, num_layers, num_heads, head_dim, shared_kv=True, normalize_before=False):
+    def __init__(self, embed_dim, num_layers, num_heads, head_dim, shared_kv=True, normalize_before=False,
+                 composition="weighted"):
         super().__init__()
         self.num_layers, self.num_heads, self.head_dim = num_layers, num_heads, head_dim
         self.shared_kv = shared_kv
-        # w of eq. 1; zeros start from the uniform average, as the official code does
-        self.layer_weights = nn.Parameter(torch.zeros(num_layers + 1))
+        if composition == "weighted":
+            # w of eq. 1; zeros start from the uniform average, as the official code does
+            self.layer_weights = nn.Parameter(torch.zeros(num_layers + 1))
+        else:
+            self.layer_weights = None
+            layer = composition_layer(composition, num_layers)
+            fixed = torch.full((num_layers + 1,), 1 / (num_layers + 1)) if layer is None else F.one_hot(
+                torch.tensor(layer), num_layers + 1).float()
+            self.register_buffer("fixed_weights", fixed, persistent=False)
         # pre-norm layers normalise what they attend to; the memory is a mix of
         # un-normalised residual streams, so it gets a norm of its own
         self.layer_norm = LayerNorm(embed_dim) if normalize_before else None
@@ -30,6 +42,8 @@ class FeedbackMemory(nn.Module):
         nn.init.xavier_uniform_(self.kv_proj.weight, gain=2**-0.5)
 
     def mixing_weights(self) -> Tensor:
+        if self.layer_weights is None:
+            return self.fixed_weights
         return F.softmax(self.layer_weights, dim=0)
 
     def project(self, memory: Tensor) -> Tensor:
@@ -45,3 +59,17 @@ class FeedbackMemory(nn.Module):
         heads, slots, head_dim] view per plane): one pair when all layers share
         the projection, else one per layer."""
         return [(window[p], window[p + 1]) for p in range(0, self.planes, 2)]
+
+
+def composition_layer(composition: str, num_layers: int):
+    """The one layer a --memory-composition reads (None: a mix of all)."""
+    if composition in ("weighted", "average"):
+        return None
+    if composition == "top":
+        return num_layers
+    if composition.startswith("layer:") and composition[6:].isdigit() and int(composition[6:]) <= num_layers:
+        return int(composition[6:])
+    raise FeedbackUsageError(
+        f"--memory-composition {composition!r}: use weighted, average, top, or layer:K with K from 0 "
+        f"(the embeddings) to {num_layers}"
+    )

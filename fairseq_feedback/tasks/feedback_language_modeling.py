@@ -30,6 +30,7 @@ from fairseq.tasks import register_task
 from fairseq.tasks.language_modeling import LanguageModelingConfig, LanguageModelingTask
 
 from ..errors import FeedbackUsageError
+from .adaptive_span_loss import AdaptiveSpanLossMixin
 
 logger = logging.getLogger(__name__)
 
@@ -107,7 +108,7 @@ class StreamBlockDataset(FairseqDataset):
 
 
 @register_task("feedback_language_modeling", dataclass=FeedbackLanguageModelingConfig)
-class FeedbackLanguageModelingTask(LanguageModelingTask):
+class FeedbackLanguageModelingTask(AdaptiveSpanLossMixin, LanguageModelingTask):
     @classmethod
     def setup_dictionary(cls, args, **kwargs):
         dictionary, output_dictionary = super().setup_dictionary(args, **kwargs)
