@@ -258,3 +258,24 @@ def test_beam_hypotheses_share_encoder_keys_but_unrelated_rows_do_not():
     torch.testing.assert_close(got, teacher_forced(model, src[pairs], src_lengths[pairs], prev[pairs]), atol=1e-5, rtol=0)
     (memory_state,) = state.values()
     assert memory_state["encoder_kv"].size(2) == 2
+
+
+@pytest.mark.parametrize("flags", [[], ["--adaptive-span", "--relative-positions", "--persistent-vectors", "2"]],
+                         ids=["default", "all options"])
+def test_half_precision_trains_and_decodes(flags):
+    """What --bf16/--fp16 do on a GPU: the whole model in a 16-bit dtype (run
+    here in bfloat16 on the CPU)."""
+    model, d = tiny_translation_model(*flags)
+    model = model.to(torch.bfloat16)
+    src, src_lengths, prev = batch(d)
+    model.train()
+    teacher_forced(model, src, src_lengths, prev).float().sum().backward()
+    assert all(p.grad is None or p.grad.dtype == torch.bfloat16 for p in model.parameters())
+    model.eval()
+    with torch.no_grad():
+        expected = teacher_forced(model, src, src_lengths, prev)
+        got, state = incremental(model, model.encoder(src, src_lengths), prev)
+        features, _ = model.decoder(prev, model.encoder(src, src_lengths), features_only=True)
+    assert features.dtype == torch.bfloat16 and all(
+        t.dtype == torch.bfloat16 for entries in state.values() for k, t in entries.items() if k != "length")
+    torch.testing.assert_close(got, expected, atol=0.1, rtol=0)  # log-probs: fairseq computes them in float32
