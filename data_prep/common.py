@@ -442,3 +442,25 @@ def _bpe_line(line: str, codes: str) -> str:
 def apply_bpe(codes: Path, src: Path, dst: Path, workers: int) -> int:
     fn = functools.partial(_bpe_line, codes=str(codes))
     return write_lines(dst, pmap(fn, read_lines(src), workers, f"apply BPE to {src.name}"))
+
+
+def prepare_translation(name: str, description: str, archives: Dict[str, "Archive"], make_text, make_bpe,
+                        source: str, target: str, default_merges: int, argv=None) -> None:
+    """The translation datasets' pipeline: raw files -> tokenized text ->
+    joint BPE -> fairseq-preprocess with a joined dictionary."""
+    parser = make_parser(name, description)
+    parser.add_argument("--bpe-merges", type=int, default=default_merges, help="joint BPE merges (default: %(default)s)")
+    args = parser.parse_args(argv)
+    resolve_dirs(args)
+    settings = {"dataset": name, "bpe_merges": args.bpe_merges}
+    if dest_is_done(args.dest, settings):
+        return
+    files = gather_inputs(list(archives.values()), args.raw, args.work)
+    text = step(args.work / "text", functools.partial(make_text, files=files, workers=args.workers),
+                {"dataset": name})
+    bpe = step(args.work / "bpe", functools.partial(make_bpe, text=text, merges=args.bpe_merges,
+                                                    workers=args.workers), settings)
+    binarize(args.dest, settings,
+             ["--source-lang", source, "--target-lang", target, "--joined-dictionary",
+              "--trainpref", str(bpe / "train"), "--validpref", str(bpe / "valid"), "--testpref", str(bpe / "test")],
+             args.workers, extra_files=[bpe / "code"])

@@ -7,16 +7,14 @@ then clean-corpus-n (ratio 1.5, 1-250 tokens).  Valid = newstest2013,
 test = newstest2014 (the full set, as the recipe).
 """
 
-import functools
 import sys
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a file: make the data_prep package importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from data_prep.common import (Archive, apply_bpe, binarize, clean_corpus, dest_is_done, gather_inputs, learn_bpe,
-                              make_parser, read_lines, resolve_dirs, run_cli, sgm_segments, step, tokenize,
-                              write_lines)
+from data_prep.common import (Archive, apply_bpe, clean_corpus, learn_bpe, prepare_translation, read_lines, run_cli,
+                              sgm_segments, tokenize, write_lines)
 
 NAME = "wmt14_en_de"
 SRC, TGT = "en", "de"
@@ -96,22 +94,7 @@ def make_bpe(out: Path, text: Path, merges: int, workers: int) -> None:
 
 
 def main(argv=None) -> None:
-    parser = make_parser(NAME, __doc__)
-    parser.add_argument("--bpe-merges", type=int, default=32000, help="joint BPE merges (default: %(default)s)")
-    args = parser.parse_args(argv)
-    resolve_dirs(args)
-    settings = {"dataset": NAME, "bpe_merges": args.bpe_merges}
-    if dest_is_done(args.dest, settings):
-        return
-    files = gather_inputs(list(ARCHIVES.values()), args.raw, args.work)
-    text = step(args.work / "text", functools.partial(make_text, files=files, workers=args.workers),
-                {"dataset": NAME})
-    bpe = step(args.work / "bpe", functools.partial(make_bpe, text=text, merges=args.bpe_merges,
-                                                    workers=args.workers), settings)
-    binarize(args.dest, settings,
-             ["--source-lang", SRC, "--target-lang", TGT, "--joined-dictionary",
-              "--trainpref", str(bpe / "train"), "--validpref", str(bpe / "valid"), "--testpref", str(bpe / "test")],
-             args.workers, extra_files=[bpe / "code"])
+    prepare_translation(NAME, __doc__, ARCHIVES, make_text, make_bpe, SRC, TGT, default_merges=32000, argv=argv)
 
 
 if __name__ == "__main__":

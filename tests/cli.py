@@ -2,6 +2,7 @@
 
 import os
 import re
+import socket
 import subprocess
 import sys
 
@@ -36,3 +37,22 @@ def error_lines(proc):
     """stderr without the warnings fairseq's dependencies print."""
     return [line for line in proc.stderr.splitlines()
             if line.strip() and "Warning" not in line and not line.startswith((" ", "INFO", "WARNING", "\t"))]
+
+
+def train_on_two_workers(*args):
+    """fairseq-train on two CPU workers (gloo, one process per rank, as fairseq
+    skips its own launcher under --cpu); returns rank 0's log."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "-m", "fairseq_cli.train", *map(str, args), "--user-dir", PLUGIN,
+             "--distributed-world-size", "2", "--distributed-rank", str(rank), "--distributed-backend", "gloo",
+             "--distributed-init-method", f"tcp://127.0.0.1:{port}", "--distributed-no-spawn"],
+            env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for rank in range(2)
+    ]
+    logs = [w.communicate(timeout=300)[0] for w in workers]
+    assert all(w.returncode == 0 for w in workers), logs[0][-3000:] + logs[1][-3000:]
+    return logs[0]

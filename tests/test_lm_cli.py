@@ -2,14 +2,10 @@
 and the hub interface, on a tiny generated corpus."""
 
 import random
-import socket
-import subprocess
-import sys
 
 import pytest
 import torch
-from cli import ENV, last_number, run
-from conftest import PLUGIN
+from cli import last_number, run, train_on_two_workers
 
 MODEL = [
     "--task", "feedback_language_modeling", "--arch", "feedback_lm", "--decoder-layers", "2",
@@ -94,21 +90,8 @@ def test_two_workers_train_to_the_parameters_of_one_worker_with_both_workers_str
     common = [root / "data-bin", *MODEL, "--optimizer", "sgd", "--lr", "0.5", "--tokens-per-sample", 16,
               "--max-update", 5, "--ddp-backend", "legacy_ddp"]
     run("train", *common, "--batch-size", 4, "--save-dir", tmp_path / "one")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    workers = [
-        subprocess.Popen(
-            [sys.executable, "-m", "fairseq_cli.train", *map(str, common), "--user-dir", PLUGIN, "--batch-size", "2",
-             "--save-dir", str(tmp_path / "two"), "--distributed-world-size", "2", "--distributed-rank", str(rank),
-             "--distributed-backend", "gloo", "--distributed-init-method", f"tcp://127.0.0.1:{port}",
-             "--distributed-no-spawn"],
-            env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for rank in range(2)
-    ]
-    logs = [w.communicate(timeout=300)[0] for w in workers]
-    assert all(w.returncode == 0 for w in workers), logs[0][-3000:]
-    assert "in 4 streams of" in logs[0] and "(2 streams on this worker)" in logs[0]
+    log = train_on_two_workers(*common, "--batch-size", 2, "--save-dir", tmp_path / "two")
+    assert "in 4 streams of" in log and "(2 streams on this worker)" in log
     one = torch.load(tmp_path / "one" / "checkpoint_last.pt")["model"]
     two = torch.load(tmp_path / "two" / "checkpoint_last.pt")["model"]
     for name in one:

@@ -4,7 +4,6 @@ is checked in test_feedback_decoder.py and test_feedback_lm.py)."""
 
 import pytest
 import torch
-import torch.nn.functional as F
 from conftest import make_dictionary, tiny_lm, tiny_translation_model
 
 from fairseq_feedback.errors import FeedbackUsageError

@@ -3,14 +3,10 @@ preprocess, train, generate (beam, n-best, sampling) with sacreBLEU,
 interactive, the hub interface, and training resumed from checkpoint_last."""
 
 import pickle
-import socket
-import subprocess
-import sys
 
 import pytest
 import torch
-from cli import ENV, last_number, run, run_module
-from conftest import PLUGIN
+from cli import last_number, run, run_module, train_on_two_workers
 
 MODEL = [
     "--arch", "feedback_transformer", "--share-all-embeddings",
@@ -163,23 +159,10 @@ def test_two_workers_train_to_the_parameters_of_one_worker_with_both_batches(tmp
               "--max-update", "6", "--ddp-backend", "legacy_ddp"]
 
     run("train", *common, "--batch-size", 8, "--save-dir", tmp_path / "one")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    workers = [
-        subprocess.Popen(
-            [sys.executable, "-m", "fairseq_cli.train", *map(str, common), "--user-dir", PLUGIN, "--batch-size", "4",
-             "--save-dir", str(tmp_path / "two"), "--distributed-world-size", "2", "--distributed-rank", str(rank),
-             "--distributed-backend", "gloo", "--distributed-init-method", f"tcp://127.0.0.1:{port}",
-             "--distributed-no-spawn"],
-            env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for rank in range(2)
-    ]
-    logs = [w.communicate(timeout=300)[0] for w in workers]
-    assert all(w.returncode == 0 for w in workers), logs[0][-3000:]
+    log = train_on_two_workers(*common, "--batch-size", 4, "--save-dir", tmp_path / "two")
     one = torch.load(tmp_path / "one" / "checkpoint_last.pt")["model"]
     two = torch.load(tmp_path / "two" / "checkpoint_last.pt")["model"]
     assert one.keys() == two.keys()
     for name in one:
         torch.testing.assert_close(two[name], one[name], atol=1e-6, rtol=0)
-    assert "training on 2 devices" in logs[0] and last_number(r"num_updates (\d+)", logs[0]) == 6
+    assert "training on 2 devices" in log and last_number(r"num_updates (\d+)", log) == 6
