@@ -21,11 +21,15 @@ setup(
         "sentencepiece",
         "subword-nmt",
         "matplotlib",
+        # ROUGE for the CNN-DailyMail recipe (feedback-score --metric rouge)
+        "rouge-score",
     ],
     extras_require={"test": ["pytest"]},
     entry_points={
         "console_scripts": [
             "feedback-benchmark = fairseq_feedback.benchmark:main",
+            "feedback-average-checkpoints = fairseq_feedback.average_checkpoints:main",
+            "feedback-score = fairseq_feedback.score:main",
         ],
     },
 )

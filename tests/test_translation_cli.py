@@ -47,6 +47,20 @@ def test_training_learns_the_task_and_generate_scores_it_with_sacrebleu(trained)
     assert last_number(r"BLEU = ([\d.]+)", out) > 40
 
 
+def test_generate_translates_every_test_sentence(trained, tmp_path):
+    """fairseq drops a last batch smaller than --required-batch-size-multiple
+    (8); the plugin gives those sentences back."""
+    data, checkpoints, _ = trained
+    run_module("data_prep.synthetic_translation", "--out", tmp_path / "corpus", "--train", 20, "--valid", 5,
+               "--test", 13, "--vocab", 12)
+    run("preprocess", "--source-lang", "src", "--target-lang", "tgt", "--testpref", tmp_path / "corpus" / "test",
+        "--destdir", tmp_path / "data", "--srcdict", data / "dict.src.txt", "--tgtdict", data / "dict.tgt.txt",
+        "--workers", "1")
+    out = run("generate", tmp_path / "data", "--path", checkpoints / "checkpoint_last.pt", "--beam", 5,
+              "--cpu").stdout
+    assert len([line for line in out.splitlines() if line.startswith("H-")]) == 13
+
+
 def test_generate_nbest_and_sampling(trained):
     data, checkpoints, _ = trained
     path = checkpoints / "checkpoint_last.pt"

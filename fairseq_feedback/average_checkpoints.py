@@ -1,0 +1,208 @@
+"""feedback-average-checkpoints: average the parameters of fairseq checkpoints.
+
+The same semantics as fairseq's scripts/average_checkpoints.py, which its pip
+package does not install:
+
+    feedback-average-checkpoints --inputs DIR --num-epoch-checkpoints 10 --output avg.pt
+    feedback-average-checkpoints --inputs DIR --num-update-checkpoints 10 --output avg.pt
+    feedback-average-checkpoints --inputs a.pt b.pt c.pt --output avg.pt
+
+With --num-epoch-checkpoints N the last N of DIR's checkpoint<EPOCH>.pt are
+averaged, with --num-update-checkpoints N the last N of its
+checkpoint_<EPOCH>_<UPDATE>.pt (--checkpoint-upper-bound leaves out later
+ones). The output is the newest input's checkpoint (options, training state)
+with the model's parameters replaced by their mean: floating-point ones
+averaged in float64 and stored in their own type (float32 for float16 and
+bfloat16 ones, as fairseq does), integer ones floor-divided.
+
+Checkpoints are read with torch's default weights_only loading; importing
+fairseq_feedback allows exactly the classes fairseq stores, so a file holding
+anything else is refused rather than run. The output is written to a
+temporary file beside it and renamed into place, so it is never half
+written. Mistakes end with one line naming them, never a traceback.
+"""
+
+import argparse
+import os
+import pickle
+import re
+import tempfile
+from collections import OrderedDict
+from typing import Dict, List, Optional
+
+EPOCH = re.compile(r"checkpoint(\d+)\.pt")
+UPDATE = re.compile(r"checkpoint_\d+_(\d+)\.pt")
+
+
+def fail(message: str):
+    raise SystemExit(f"error: {message}")
+
+
+def last_checkpoints(folder: str, n: int, update_based: bool, upper_bound: Optional[int] = None) -> List[str]:
+    """The newest n checkpoints of `folder`, newest first."""
+    if not os.path.isdir(folder):
+        fail(f"--inputs {folder} is not a folder (with --num-*-checkpoints, --inputs takes the save dir)")
+    pattern = UPDATE if update_based else EPOCH
+    found = []
+    for name in os.listdir(folder):
+        match = pattern.fullmatch(name)
+        if match and (upper_bound is None or int(match.group(1)) <= upper_bound):
+            found.append((int(match.group(1)), name))
+    found.sort(reverse=True)
+    if len(found) < n:
+        kind = "checkpoint_<epoch>_<update>.pt" if update_based else "checkpoint<epoch>.pt"
+        bound = f" up to {upper_bound}" if upper_bound is not None else ""
+        hint = (" (save them with --save-interval-updates)" if update_based
+                else " (fairseq-train writes them unless --no-epoch-checkpoints; keep them with --keep-last-epochs)")
+        fail(f"found {len(found)} {kind} files{bound} in {folder}, need {n}{hint}")
+    return [os.path.join(folder, name) for _, name in found[:n]]
+
+
+def load(path: str) -> dict:
+    import torch
+
+    import fairseq_feedback  # noqa: F401  (allows the classes fairseq stores in checkpoints)
+
+    if not os.path.isfile(path):
+        fail(f"checkpoint {path} not found")
+    try:
+        state = torch.load(path, map_location="cpu")  # torch's default: weights_only
+    except pickle.UnpicklingError as e:
+        refused = [line.strip() for line in str(e).splitlines() if "GLOBAL" in line]
+        if refused:  # weights_only refused a class: the file would have run code, or made unknown objects
+            fail(f"{path} holds objects a fairseq checkpoint does not, so it was not loaded ({refused[0][:160]})")
+        fail(f"cannot read {path} as a checkpoint: not a torch.save file, or corrupt")
+    except (RuntimeError, EOFError, OSError, ValueError) as e:
+        first = str(e).splitlines()[0][:160] if str(e) else type(e).__name__
+        fail(f"cannot read {path} as a checkpoint: truncated or corrupt? ({first})")
+    if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
+        fail(f"{path} is not a fairseq checkpoint (no 'model' parameters in it)")
+    return state
+
+
+def _names(keys) -> str:
+    keys = sorted(keys)
+    return ", ".join(keys[:3]) + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
+
+
+def average(paths: List[str]) -> dict:
+    """The first checkpoint, with its model parameters replaced by the mean over all of them."""
+    import torch
+
+    if not paths:
+        fail("no checkpoints to average")
+    first_state, sums, dtypes = None, OrderedDict(), {}
+    for path in paths:
+        state = load(path)
+        params: Dict[str, torch.Tensor] = state["model"]
+        if first_state is None:
+            first_state = state
+            for name, p in params.items():
+                if not torch.is_tensor(p):
+                    fail(f"{path}: model entry {name} is not a tensor")
+                dtypes[name] = p.dtype
+                sums[name] = p.to(torch.float64 if p.is_floating_point() else torch.int64).clone()
+            continue
+        if set(params) != set(sums):
+            missing, extra = set(sums) - set(params), set(params) - set(sums)
+            fail(f"{path} has other parameters than {paths[0]}"
+                 + (f" (missing: {_names(missing)})" if missing else "")
+                 + (f" (extra: {_names(extra)})" if extra else "")
+                 + ": average checkpoints of one model only")
+        for name, p in params.items():
+            if p.shape != sums[name].shape:
+                fail(f"{path}: {name} has shape {tuple(p.shape)}, {paths[0]} {tuple(sums[name].shape)}: "
+                     "average checkpoints of one model only")
+            sums[name] += p.to(sums[name].dtype)
+        del state, params
+    n = len(paths)
+    averaged = OrderedDict()
+    for name, total in sums.items():
+        dtype = dtypes[name]
+        if total.is_floating_point():
+            out_dtype = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+            averaged[name] = (total / n).to(out_dtype)
+        else:
+            averaged[name] = torch.div(total, n, rounding_mode="floor").to(dtype)
+    first_state["model"] = averaged
+    return first_state
+
+
+def save(state: dict, output: str) -> None:
+    """Writes beside the output, then renames: a crash or a full disk leaves no half-written file."""
+    import torch
+
+    folder = os.path.dirname(os.path.abspath(output))
+    if os.path.isdir(output):
+        fail(f"--output {output} is a folder; name the file, e.g. {os.path.join(output, 'checkpoint.avg.pt')}")
+    try:
+        os.makedirs(folder, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=os.path.basename(output) + ".", suffix=".tmp", dir=folder)
+    except OSError as e:
+        fail(f"cannot write {output} ({e.strerror or e})")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(state, f)
+        os.replace(tmp, output)
+    except BaseException as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        if isinstance(e, OSError):
+            fail(f"cannot write {output} ({e.strerror or e})")
+        raise
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="feedback-average-checkpoints",
+        description="Average the parameters of fairseq checkpoints (as fairseq's scripts/average_checkpoints.py).")
+    p.add_argument("--inputs", nargs="+", required=True, metavar="PATH",
+                   help="checkpoint files, or one save dir with --num-epoch-checkpoints/--num-update-checkpoints")
+    p.add_argument("--output", required=True, metavar="FILE", help="where to write the averaged checkpoint")
+    last = p.add_mutually_exclusive_group()
+    last.add_argument("--num-epoch-checkpoints", type=int, metavar="N",
+                      help="average the last N checkpoint<EPOCH>.pt of the --inputs folder")
+    last.add_argument("--num-update-checkpoints", type=int, metavar="N",
+                      help="average the last N checkpoint_<EPOCH>_<UPDATE>.pt of the --inputs folder")
+    p.add_argument("--checkpoint-upper-bound", type=int, metavar="N",
+                   help="with --num-*-checkpoints: ignore checkpoints after epoch (or update) N")
+    return p
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    p = parser()
+    p.error = lambda message: fail(f"{message} (see --help)")  # one line, like the other errors
+    args = p.parse_args(argv)
+    num = args.num_epoch_checkpoints or args.num_update_checkpoints
+    for option in ("num_epoch_checkpoints", "num_update_checkpoints"):
+        value = getattr(args, option)
+        if value is not None and value < 1:
+            fail(f"--{option.replace('_', '-')} must be at least 1, got {value}")
+    if num is not None:
+        if len(args.inputs) != 1:
+            fail("with --num-epoch-checkpoints or --num-update-checkpoints, --inputs takes one folder")
+        paths = last_checkpoints(args.inputs[0], num, args.num_update_checkpoints is not None,
+                                 args.checkpoint_upper_bound)
+    else:
+        if args.checkpoint_upper_bound is not None:
+            fail("--checkpoint-upper-bound needs --num-epoch-checkpoints or --num-update-checkpoints")
+        paths = args.inputs
+        folder = next((path for path in paths if os.path.isdir(path)), None)
+        if folder is not None:
+            fail(f"--inputs {folder} is a folder: pass --num-epoch-checkpoints N or --num-update-checkpoints N "
+                 "to average its last N checkpoints")
+    try:
+        state = average(paths)
+        save(state, args.output)
+    except KeyboardInterrupt:
+        fail("interrupted; nothing was written")
+    except MemoryError:
+        fail("out of memory while averaging")
+    names = ", ".join(os.path.basename(path) for path in paths)
+    print(f"averaged {len(paths)} checkpoints ({names}) into {args.output}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,254 @@
+"""feedback-score: BLEU and ROUGE of fairseq-generate output, as the paper reports them.
+
+    feedback-score --metric bleu-compound-split --gen gen.out      # WMT: the paper's metric
+    feedback-score --metric sacrebleu --gen gen.out --detokenize de --ref newstest2014-deen-ref.de.sgm
+    feedback-score --metric bleu --gen gen.out                     # IWSLT: tokenized BLEU
+    feedback-score --metric rouge --gen gen.out --ref test.target  # CNN-DailyMail
+
+Hypotheses come from fairseq-generate's output (--gen: its `H-<id>` lines, in
+sentence order; the first of each id when it printed an n-best list) or from
+a file of one hypothesis per line (--hyp). References come from --ref (one per
+line, or the `<seg>` lines of an .sgm/.xml test set), or else from the `T-<id>`
+lines of --gen.
+
+Metrics:
+  bleu                 tokenized BLEU: the hypotheses and references as they
+                       are (tokenized), split on spaces (sacrebleu with
+                       tokenize='none', no smoothing): what fairseq-score and
+                       multi-bleu.perl compute.
+  bleu-compound-split  tokenized BLEU after splitting hyphenated compounds,
+                       `a-b` -> `a ##AT##-##AT## b`, on both sides, exactly as
+                       fairseq's scripts/compound_split_bleu.sh (perl
+                       s{(\\S)-(\\S)}{$1 ##AT##-##AT## $2}g): the WMT'14 en-de
+                       number of Vaswani et al., Ott et al. and the paper.
+  sacrebleu            sacreBLEU (13a tokenization) of detokenized text; pass
+                       --detokenize LANG to Moses-detokenize tokenized
+                       hypotheses (as fairseq's scripts/sacrebleu.sh), and the
+                       raw reference as --ref (without --ref, the T- lines are
+                       detokenized too: close to, not the same as, the raw
+                       reference).
+  rouge                ROUGE-1, ROUGE-2 and ROUGE-L F1 (x100, averaged over the
+                       summaries) by Google's rouge-score with Porter stemming;
+                       ROUGE-L is summary-level (rougeLsum) over sentences split
+                       after . ! or ?, as ROUGE-1.5.5 scores multi-sentence
+                       summaries; the sentence-level rougeL is printed beside it.
+
+--quiet prints the main number alone (BLEU, or ROUGE-L). Several --gen files
+(a tuning run: one output per setting) print one line each, "SCORE<TAB>FILE",
+best first, so `head -1` names the best setting.
+Mistakes (a missing file, no hypotheses, line counts that differ) end with one
+line, never a traceback.
+"""
+
+import argparse
+import re
+import sys
+from typing import Dict, List, Optional, Tuple
+
+METRICS = ("bleu", "bleu-compound-split", "sacrebleu", "rouge")
+_COMPOUND = re.compile(r"(\S)-(\S)")
+_GEN_LINE = re.compile(r"([HT])-(\d+)\t(.*)")
+_SEG = re.compile(r"<seg[^>]*>(.*)</seg>")
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=\S)")
+
+
+def fail(message: str):
+    raise SystemExit(f"error: {message}")
+
+
+def compound_split(line: str) -> str:
+    """fairseq's compound_split_bleu.sh: non-overlapping, left to right, as perl's s///g."""
+    return _COMPOUND.sub(r"\1 ##AT##-##AT## \2", line)
+
+
+def read_text(path: str) -> List[str]:
+    try:
+        if path == "-":
+            text = sys.stdin.read()
+        else:
+            with open(path, encoding="utf-8", newline="\n") as f:
+                text = f.read()
+    except FileNotFoundError:
+        fail(f"{path} not found")
+    except IsADirectoryError:
+        fail(f"{path} is a folder, not a file")
+    except UnicodeDecodeError as e:
+        fail(f"{path} is not UTF-8 text (byte {e.start})")
+    except OSError as e:
+        fail(f"cannot read {path} ({e.strerror or e})")
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line.rstrip("\r") for line in lines]
+
+
+def read_references(path: str) -> List[str]:
+    """One reference a line, or the <seg> lines of an .sgm/.xml test set (as sacrebleu reads them)."""
+    lines = read_text(path)
+    if path.lower().endswith((".sgm", ".xml")):
+        segments = [_SEG.search(line) for line in lines if "<seg" in line]
+        if not segments:
+            fail(f"{path} has no <seg> lines: is it an .sgm test set?")
+        return [" ".join(m.group(1).split()) if m else "" for m in segments]
+    return lines
+
+
+def read_generate_output(path: str) -> Tuple[Dict[int, str], Dict[int, str]]:
+    """{id: hypothesis} (the first H line of each id) and {id: reference} (T lines)."""
+    hyps, refs = {}, {}
+    for line in read_text(path):
+        m = _GEN_LINE.match(line)
+        if not m:
+            continue
+        kind, sid, rest = m.group(1), int(m.group(2)), m.group(3)
+        if kind == "H":
+            parts = rest.split("\t", 1)  # score, then the text (empty for an empty hypothesis)
+            if sid not in hyps:
+                hyps[sid] = parts[1] if len(parts) > 1 else ""
+        elif sid not in refs:
+            refs[sid] = rest
+    if not hyps:
+        fail(f"{path} holds no hypotheses (H-<id> lines): pass fairseq-generate's output, "
+             "or a file of one hypothesis a line as --hyp")
+    return hyps, refs
+
+
+def _ids(ids) -> str:
+    ids = sorted(ids)
+    return ", ".join(map(str, ids[:5])) + (f" and {len(ids) - 5} more" if len(ids) > 5 else "")
+
+
+def pairs(args, gen: Optional[str]) -> Tuple[List[str], List[str]]:
+    """Hypotheses and references, aligned."""
+    if gen is None:
+        if args.ref is None:
+            fail("--hyp needs --ref (the references, one a line)")
+        hyps, refs = read_text(args.hyp), read_references(args.ref)
+        if len(hyps) != len(refs):
+            fail(f"{args.hyp} has {len(hyps)} lines but {args.ref} has {len(refs)}: they must align line by line")
+        return hyps, refs
+    hyps, targets = read_generate_output(gen)
+    if args.ref is not None:
+        refs = read_references(args.ref)
+        missing = set(range(len(refs))) - set(hyps)
+        beyond = {i for i in hyps if i >= len(refs)}
+        if beyond:
+            fail(f"{gen} has hypotheses for sentences {_ids(beyond)} but {args.ref} has only "
+                 f"{len(refs)} lines: is it the reference of the generated split?")
+        if missing:
+            fail(f"{gen} has {len(hyps)} hypotheses but {args.ref} has {len(refs)} lines (none for sentences "
+                 f"{_ids(missing)}): fairseq-generate left them out; rerun it with --required-batch-size-multiple 1 "
+                 "(without it fairseq drops a last batch smaller than 8) and without "
+                 "--skip-invalid-size-inputs-valid-test")
+        return [hyps[i] for i in range(len(refs))], refs
+    if not targets:
+        fail(f"{gen} has no references (T-<id> lines): pass them as --ref")
+    if set(hyps) != set(targets):
+        odd = set(hyps) ^ set(targets)
+        fail(f"{gen}: sentences {_ids(odd)} have a hypothesis or a reference but not both: "
+             "is the output complete?")
+    ids = sorted(hyps)
+    if ids[-1] + 1 != len(ids):
+        print(f"note: {gen} holds {len(ids)} of sentences 0..{ids[-1]}; scoring those (a sharded run, or "
+              "fairseq-generate dropped some: it needs --required-batch-size-multiple 1 to keep them all)",
+              file=sys.stderr)
+    return [hyps[i] for i in ids], [targets[i] for i in ids]
+
+
+def detokenize(lines: List[str], lang: str) -> List[str]:
+    try:
+        from sacremoses import MosesDetokenizer
+    except ImportError:
+        fail("--detokenize needs sacremoses: pip install sacremoses")
+    detok = MosesDetokenizer(lang=lang)
+    return [detok.detokenize(line.split()) for line in lines]
+
+
+def bleu(hyps: List[str], refs: List[str], tokenized: bool):
+    from sacrebleu.metrics import BLEU
+
+    metric = BLEU(tokenize="none", smooth_method="none", force=True) if tokenized else BLEU()
+    return metric.corpus_score(hyps, [refs]), metric.get_signature()
+
+
+def split_sentences(text: str) -> str:
+    return "\n".join(_SENTENCE_END.split(text.strip()))
+
+
+def rouge(hyps: List[str], refs: List[str]) -> Dict[str, float]:
+    try:
+        from rouge_score import rouge_scorer
+    except ImportError:
+        fail("--metric rouge needs Google's rouge-score: pip install rouge-score")
+    scorer = rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL", "rougeLsum"], use_stemmer=True)
+    totals = dict.fromkeys(("rouge1", "rouge2", "rougeL", "rougeLsum"), 0.0)
+    for hyp, ref in zip(hyps, refs):
+        scores = scorer.score(split_sentences(ref), split_sentences(hyp))  # (target, prediction)
+        for key in totals:
+            totals[key] += scores[key].fmeasure
+    return {key: 100 * total / max(1, len(hyps)) for key, total in totals.items()}
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="feedback-score", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--metric", required=True, choices=METRICS)
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--gen", metavar="FILE", nargs="+",
+                        help="fairseq-generate output ('-': standard input); several files: rank them")
+    source.add_argument("--hyp", metavar="FILE", help="hypotheses, one a line")
+    p.add_argument("--ref", metavar="FILE", help="references, one a line, or an .sgm/.xml test set "
+                                                "(default with --gen: its T- lines)")
+    p.add_argument("--detokenize", metavar="LANG",
+                   help="Moses-detokenize the hypotheses first (and T- line references), for sacrebleu")
+    p.add_argument("--quiet", action="store_true", help="print the main number only")
+    return p
+
+
+def evaluate(args, gen: Optional[str]):
+    """(the main number, the lines to print) for one output."""
+    hyps, refs = pairs(args, gen)
+    if not hyps:
+        fail("no sentences to score")
+    if args.detokenize:
+        hyps = detokenize(hyps, args.detokenize)
+        if args.ref is None:  # the T- lines are as tokenized as the hypotheses
+            refs = detokenize(refs, args.detokenize)
+    n = len(hyps)
+    if args.metric == "rouge":
+        from importlib.metadata import version
+
+        r = rouge(hyps, refs)
+        return r["rougeLsum"], [
+            f"ROUGE-1 = {r['rouge1']:.2f}  ROUGE-2 = {r['rouge2']:.2f}  ROUGE-L = {r['rougeLsum']:.2f}",
+            f"F1 x 100 over {n} summaries; rouge-score {version('rouge-score')}, Porter stemmer; "
+            f"ROUGE-L summary-level (rougeLsum), sentence-level rougeL = {r['rougeL']:.2f}",
+        ]
+    if args.metric == "bleu-compound-split":
+        hyps, refs = [compound_split(h) for h in hyps], [compound_split(r) for r in refs]
+    score, signature = bleu(hyps, refs, tokenized=args.metric != "sacrebleu")
+    what = {"bleu": "tokenized BLEU", "bleu-compound-split": "tokenized BLEU with compound splitting",
+            "sacrebleu": "sacreBLEU"}[args.metric]
+    return score.score, [str(score), f"{what} of {n} sentences; sacrebleu {signature}"]
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    p = parser()
+    p.error = lambda message: fail(f"{message} (see --help)")
+    args = p.parse_args(argv)
+    try:
+        if args.gen is not None and len(args.gen) > 1:
+            if "-" in args.gen:
+                fail("standard input ('-') can only be the one --gen")
+            ranked = sorted(((evaluate(args, gen)[0], gen) for gen in args.gen), key=lambda x: -x[0])
+            for score, gen in ranked:
+                print(f"{score:.2f}\t{gen}")
+            return
+        score, lines = evaluate(args, args.gen[0] if args.gen else None)
+        print(f"{score:.2f}" if args.quiet else "\n".join(lines))
+    except KeyboardInterrupt:
+        fail("interrupted")
+
+
+if __name__ == "__main__":
+    main()
