@@ -27,6 +27,9 @@ def write_corpus(out: str, sizes: dict, vocab=24, min_len=3, max_len=12, seed=1)
     parent = os.path.dirname(os.path.abspath(out))
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".synthetic-", dir=parent)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's folder is private; the result should not be
     try:
         for split, count in sizes.items():
             rng = random.Random(f"{seed}/{split}")

@@ -286,6 +286,9 @@ def write_task(out, task, seed, sizes, force=False, **options):
         raise FileExistsError(f"{final} exists (pass --force to replace it)")
     os.makedirs(out, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".{task}.", dir=out)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's folder is private; the result should not be
     try:
         for split in SPLITS:
             prefix = os.path.join(tmp, split)
