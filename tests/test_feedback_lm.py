@@ -19,6 +19,7 @@ MODELS = {
     "adaptive span": ["--adaptive-span", "--adaptive-span-ramp", "2"],
     "baseline, adaptive span": ["--no-feedback", "--adaptive-span", "--adaptive-span-ramp", "2"],
     "persistent vectors, all-attention": ["--persistent-vectors", "4", "--no-feed-forward"],
+    "baseline, persistent vectors": ["--no-feedback", "--persistent-vectors", "4"],
     "top-layer memory": ["--memory-composition", "top"],
 }
 

@@ -93,71 +93,106 @@ class FeedbackDecoder(TransformerDecoderBase):
         span = self.current_span()
         carried = None if stream_state is None else stream_state.get("memory")
         if state is None:
-            room = 0 if incremental_state is None else 16  # decoding appends later
-            memories, window = self._start_memories(carried, batch, steps + room, span)
             encoder_kv = self._encoder_keys_values(encoder_out, self._sentence_rows(incremental_state, encoder_out))
         else:
-            memories = self._memories_in(state)
-            window = memories[0].window(span)
             encoder_kv = state["encoder_kv"]
         encoder_bias = self._encoder_attention_mask(encoder_out, encoder_kv)
-
         layers = list(self.layers)  # in training, LayerDrop leaves some out here
         active = [self.layers[i] in layers for i in range(self.num_layers)]
-        all_layers = [self.layers[i] for i in range(self.num_layers)]
         layer_encoder_kv = [None] * self.num_layers if encoder_kv is None else encoder_kv.unbind()
-        mix = self.memory.mixing_weights().unbind() if self.feedback else None
-        add_positions = self._position_table()
-        span_biases = [layer.self_attn.span_mask.bias(span) if layer.self_attn.span_mask else None for layer in all_layers]
-        persistent = [layer.self_attn.persistent() for layer in all_layers]
-        keep_last_memory = incremental_state is not None
-        stream_inputs = [] if stream_state is not None else None  # what the next block's memory is made of
 
-        outputs = []
-        for t, h in enumerate(x.unbind(0)):  # not x[t]: each index's backward fills a gradient of all of x
-            if self.feedback:
-                m = h * mix[0]
-                # positions join the keys once per projection, not once per layer
-                layer_kv = [(add_positions(k), v) for k, v in self.memory.keys_values(window)]
+        if not self.feedback and incremental_state is None:
+            x, block_memory = self._transformer_block(x, carried, span, active, layer_encoder_kv, encoder_bias)
+        else:
+            if state is None:
+                room = 0 if incremental_state is None else 16  # decoding appends later
+                memories, window = self._start_memories(carried, batch, steps + room, span)
             else:
-                layer_inputs = []
-            for i, layer in enumerate(all_layers):
-                if self.feedback:
-                    keys, values = layer_kv[0 if self.memory.shared_kv else i]
-                else:  # the baseline: a layer attends to its own input's past, itself included
-                    layer_inputs.append(h)
-                    if not active[i]:
-                        continue
-                    keys, values = memories[i].append(layer.project_own_memory(h.unsqueeze(0)), span)
-                    keys = add_positions(keys)
-                if active[i]:
-                    bias = span_biases[i]
-                    if bias is not None and bias.size(-1) != keys.size(2):
-                        bias = bias[..., -keys.size(2):]
-                    memory = MemoryView(keys, values, bias, persistent[i])
-                    h = layer.step(h, memory, layer_encoder_kv[i], encoder_bias)
-                if self.feedback:
-                    m = torch.addcmul(m, h, mix[i + 1])  # eq. 1; a dropped layer passes its input on
-            outputs.append(h)
-            if self.feedback and (t < steps - 1 or keep_last_memory):
-                window = memories[0].append(self.memory.project(m.unsqueeze(0)), span)
-            if stream_inputs is not None:
-                stream_inputs.append(m if self.feedback else torch.stack(layer_inputs))
-
-        if incremental_state is not None:
-            self.set_incremental_state(
-                incremental_state, "memory", {**self._memory_state(memories), "encoder_kv": encoder_kv}
-            )
+                memories = self._memories_in(state)
+                window = memories[0].window(span)
+            x, block_memory = self._step_by_step(x, memories, window, span, active, layer_encoder_kv,
+                                                 encoder_bias, keep_last_memory=incremental_state is not None)
+            if incremental_state is not None:
+                self.set_incremental_state(
+                    incremental_state, "memory", {**self._memory_state(memories), "encoder_kv": encoder_kv}
+                )
         if stream_state is not None:
-            stream_state["memory"] = self._next_stream_memory(carried, torch.stack(stream_inputs), batch)
+            stream_state["memory"] = self._next_stream_memory(carried, block_memory, batch)
 
-        x = torch.stack(outputs)
         if self.layer_norm is not None:
             x = self.layer_norm(x)
         x = x.transpose(0, 1)
         if self.project_out_dim is not None:
             x = self.project_out_dim(x)
         return x, {"attn": [None], "inner_states": [x]}
+
+    def _step_by_step(self, x, memories, window, span, active, layer_encoder_kv, encoder_bias, keep_last_memory):
+        """The per-token loop: the feedback model in training and decoding, and
+        the baseline in decoding. Returns the top layer's outputs [time, batch,
+        embed] and what the next block's memory is made of."""
+        steps = x.size(0)
+        mix = self.memory.mixing_weights().unbind() if self.feedback else None
+        add_positions = self._position_table()
+        all_layers = [self.layers[i] for i in range(self.num_layers)]
+        span_biases = [layer.self_attn.span_mask.bias(span) if layer.self_attn.span_mask else None for layer in all_layers]
+        persistent = [layer.self_attn.persistent() for layer in all_layers]
+        outputs, block_memory = [], []
+        for t, h in enumerate(x.unbind(0)):  # not x[t]: each index's backward fills a gradient of all of x
+            if self.feedback:
+                m = h * mix[0]
+                # positions join the keys once per projection, not once per layer
+                layer_kv = [(add_positions(k), v) for k, v in self.memory.keys_values(window)]
+            for i, layer in enumerate(all_layers):
+                if not active[i]:
+                    if self.feedback:
+                        m = torch.addcmul(m, h, mix[i + 1])  # eq. 1; a dropped layer passes its input on
+                    continue
+                if self.feedback:
+                    keys, values = layer_kv[0 if self.memory.shared_kv else i]
+                else:  # the baseline: a layer attends to its own input's past, itself included
+                    keys, values = memories[i].append(layer.project_own_memory(h.unsqueeze(0)), span)
+                    keys = add_positions(keys)
+                bias = span_biases[i]
+                if bias is not None and bias.size(-1) != keys.size(2):
+                    bias = bias[..., -keys.size(2):]
+                h = layer.forward_memory(h, MemoryView(keys, values, bias, persistent[i]), layer_encoder_kv[i],
+                                         encoder_bias)
+                if self.feedback:
+                    m = torch.addcmul(m, h, mix[i + 1])  # eq. 1
+            outputs.append(h)
+            if self.feedback:
+                block_memory.append(m)
+                if t < steps - 1 or keep_last_memory:
+                    window = memories[0].append(self.memory.project(m.unsqueeze(0)), span)
+        return torch.stack(outputs), (torch.stack(block_memory) if self.feedback else None)
+
+    def _transformer_block(self, x, carried, span, active, layer_encoder_kv, encoder_bias):
+        """The transformer baseline over a whole block at once, as Transformer-XL
+        computes it: each layer's queries attend to that layer's inputs at the
+        last `span` positions, themselves included, the previous block's carried
+        over. The same numbers as the per-token loop (tests); no loop.
+        Returns the top layer's outputs and every layer's inputs [layers, time,
+        batch, embed] (the next block's memory)."""
+        steps = x.size(0)
+        layer_inputs = []
+        for i in range(self.num_layers):
+            layer, attn = self.layers[i], self.layers[i].self_attn
+            layer_inputs.append(x)
+            if not active[i]:
+                continue
+            previous = carried[i, max(0, carried.size(1) - (span - 1)):] if carried is not None else x[:0]
+            context = torch.cat([previous, x])  # once per block and layer
+            keys, values = layer.project_own_memory(context).permute(1, 2, 3, 0, 4).unbind(0)
+            distance = (torch.arange(steps, device=x.device)[:, None] + len(previous)
+                        - torch.arange(len(context), device=x.device)[None, :])
+            bias = x.new_zeros(distance.shape).masked_fill((distance < 0) | (distance >= span), float("-inf"))
+            row = (self.span - 1 - distance).clamp(0, self.span - 1)  # the table row of each distance
+            if attn.span_mask is not None:
+                bias = bias + attn.span_mask.bias(self.span)[:, 0][:, row]
+            positions = None if self.key_positions is None else (self.key_positions, row)
+            memory = MemoryView(keys, values, bias, attn.persistent(), positions)
+            x = layer.forward_memory(x, memory, layer_encoder_kv[i], encoder_bias)
+        return x, torch.stack(layer_inputs)
 
     @staticmethod
     def _memory_state(memories: List[KeyValueBuffer]) -> Dict[str, Tensor]:
@@ -224,7 +259,6 @@ class FeedbackDecoder(TransformerDecoderBase):
         if self.feedback:
             previous = carried if carried is not None else self._zero_memory(batch)
             return torch.cat([previous, block])[-self.span :].detach()
-        block = block.transpose(0, 1)  # [layers, steps, batch, embed]
         memory = block if carried is None else torch.cat([carried, block], dim=1)
         return memory[:, -self.span :].detach()
 

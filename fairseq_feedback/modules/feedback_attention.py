@@ -1,7 +1,7 @@
-"""Attention of one decoding step over keys and values projected beforehand.
+"""Attention over keys and values projected beforehand.
 
-The step loop cannot batch over time, so everything that does not depend on
-the current step (key/value projections of the memory and of the encoder
+The feedback loop cannot batch over time, so everything that does not depend
+on the current step (key/value projections of the memory and of the encoder
 output, position tables, masks) is prepared outside it. What is left per step
 is a query projection, one fused attention call and an output projection.
 """
@@ -18,17 +18,20 @@ from .adaptive_span import AdaptiveSpanMask
 
 
 class MemoryView(NamedTuple):
-    """What one layer reads at one step: keys and values [batch, heads, slots,
-    head_dim], a bias on their scores (adaptive span), and the layer's
-    persistent key/value vectors [heads, n, head_dim]."""
+    """What one layer reads: keys and values [batch, heads, slots, head_dim],
+    a bias on their scores ([..., queries, slots]: masks, adaptive span), the
+    layer's persistent key/value vectors [heads, n, head_dim], and, for a block
+    of queries, relative positions as (table [span, head_dim], the table row of
+    each query-slot pair [queries, slots])."""
 
     keys: Tensor
     values: Tensor
     bias: Optional[Tensor] = None
     persistent: Optional[Tuple[Tensor, Tensor]] = None
+    positions: Optional[Tuple[Tensor, Tensor]] = None
 
 
-def attend_one_step(
+def attend(
     x: Tensor,
     q_proj: nn.Module,
     out_proj: nn.Module,
@@ -37,21 +40,33 @@ def attend_one_step(
     bias: Optional[Tensor] = None,
     dropout_p: float = 0.0,
     persistent: Optional[Tuple[Tensor, Tensor]] = None,
+    positions: Optional[Tuple[Tensor, Tensor]] = None,
 ) -> Tensor:
-    """softmax(q.k / sqrt(d_head) + bias) v for queries `x` ([rows, embed]) over
-    `keys`/`values` ([batch, heads, keys, head_dim]); -inf in `bias` masks a key.
+    """softmax(q.k / sqrt(d_head) + bias) v over `keys`/`values` ([batch,
+    heads, keys, head_dim]); -inf in `bias` masks a key.
+
+    `x` holds one step's queries, [rows, embed], or a block's, [time, batch,
+    embed] (the transformer baseline, which needs no step loop). With fewer
+    key rows than query rows, each key row serves a group of consecutive query
+    rows: the hypotheses of one sentence in beam search, which share the
+    encoder's keys and values (as fairseq's "beamable" encoder attention
+    does), so those are stored once per sentence.
 
     `persistent` key/value vectors join the keys in the same softmax, with no
-    bias (Sukhbaatar et al. 2019b, "all-attention").
-
-    With fewer key rows than query rows, each key row serves a group of
-    consecutive query rows: the hypotheses of one sentence in beam search,
-    which share the encoder's keys and values (as fairseq's "beamable"
-    encoder attention does), so those are stored once per sentence.
+    bias (Sukhbaatar et al. 2019b, "all-attention"). `positions` adds q.p_d,
+    d the query-key distance, for a block (a step adds p to its keys instead).
     """
-    rows = x.size(0)
     batch, heads, _, head_dim = keys.shape
-    q = q_proj(x).view(batch, rows // batch, heads, head_dim).transpose(1, 2)
+    block = x.dim() == 3
+    if block:
+        q = q_proj(x).view(x.size(0), batch, heads, head_dim).permute(1, 2, 0, 3)
+    else:
+        q = q_proj(x).view(batch, x.size(0) // batch, heads, head_dim).transpose(1, 2)
+    if positions is not None:
+        table, rows = positions
+        position_scores = torch.matmul(q, table.t() * head_dim**-0.5)
+        position_scores = position_scores.gather(-1, rows.expand(batch, heads, -1, -1))
+        bias = position_scores if bias is None else position_scores + bias
     if torch.is_grad_enabled() and persistent is None:  # the fused kernel's backward is the faster one
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias, dropout_p=dropout_p)
     else:  # for a few query rows, two small matmuls beat the fused kernel's setup
@@ -67,7 +82,9 @@ def attend_one_step(
         else:
             n = persistent[0].size(1)
             out = torch.matmul(weights[..., :n], persistent[1]) + torch.matmul(weights[..., n:], values)
-    return out_proj(out.transpose(1, 2).reshape(rows, heads * head_dim))
+    if block:
+        return out_proj(out.permute(2, 0, 1, 3).reshape(x.size(0), batch, heads * head_dim))
+    return out_proj(out.transpose(1, 2).reshape(x.size(0), heads * head_dim))
 
 
 class FeedbackAttention(nn.Module):
@@ -115,7 +132,7 @@ class FeedbackAttention(nn.Module):
         return self.persistent_keys * math.sqrt(self.head_dim), self.persistent_values * math.sqrt(n)
 
     def forward(self, x, memory: MemoryView):
-        return attend_one_step(
+        return attend(
             x, self.q_proj, self.out_proj, memory.keys, memory.values, memory.bias,
-            self.dropout if self.training else 0.0, memory.persistent,
+            self.dropout if self.training else 0.0, memory.persistent, memory.positions,
         )

@@ -12,7 +12,7 @@ import torch
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
 from torch import Tensor
 
-from .feedback_attention import FeedbackAttention, MemoryView, attend_one_step
+from .feedback_attention import FeedbackAttention, MemoryView, attend
 
 
 class FeedbackDecoderLayer(TransformerDecoderLayerBase):
@@ -56,15 +56,16 @@ class FeedbackDecoderLayer(TransformerDecoderLayerBase):
     def _feed_forward(self, x: Tensor) -> Tensor:
         return self.fc2(self.activation_dropout_module(self.activation_fn(self.fc1(x))))
 
-    def step(self, x: Tensor, memory: MemoryView, encoder_kv=None, encoder_bias=None) -> Tensor:
-        """x: [batch, embed] at one step."""
+    def forward_memory(self, x: Tensor, memory: MemoryView, encoder_kv=None, encoder_bias=None) -> Tensor:
+        """The layer on one step, x: [batch, embed], or for the transformer
+        baseline on a whole block, x: [time, batch, embed]."""
         x = self._sublayer(x, self.self_attn_layer_norm, lambda h: self.self_attn(h, memory))
         if self.encoder_attn is not None:
             attn = self.encoder_attn
             dropout_p = attn.dropout_module.p if self.training else 0.0
             x = self._sublayer(
                 x, self.encoder_attn_layer_norm,
-                lambda h: attend_one_step(h, attn.q_proj, attn.out_proj, encoder_kv[0], encoder_kv[1], encoder_bias, dropout_p=dropout_p),
+                lambda h: attend(h, attn.q_proj, attn.out_proj, encoder_kv[0], encoder_kv[1], encoder_bias, dropout_p=dropout_p),
             )
         if self.fc1 is None:
             return x
