@@ -212,3 +212,24 @@ def test_labels_replace_next_token_targets_and_ignored_labels_carry_no_loss():
     assert torch.equal(batch["net_input"]["src_tokens"][0], stream)  # inputs are not shifted
     expected = torch.where((wanted == ignore) | (wanted == out.eos()), torch.tensor(out.pad()), wanted)
     assert torch.equal(batch["target"][0], expected)
+
+
+@pytest.mark.parametrize("flags", [[], ["--adaptive-span", "--adaptive-span-ramp", "2"], ["--persistent-vectors", "3"]],
+                         ids=["plain", "adaptive span", "persistent vectors"])
+def test_the_baseline_trains_the_same_in_one_pass_as_step_by_step(flags):
+    """The baseline computes a block at once in training; decoding runs it
+    step by step: the same gradients either way."""
+    d = make_dictionary()
+    model, _ = tiny_lm("--no-feedback", "--memory-span", "5", *flags, dictionary=d)
+    model.train()
+    tokens, target = torch.randint(d.nspecial, len(d), (2, 3, 12))
+    grads = []
+    for incremental_state in (None, {}):  # a fresh incremental state takes the per-step path
+        model.zero_grad()
+        logits, _ = model.decoder(tokens, incremental_state=incremental_state)
+        F.cross_entropy(logits.reshape(-1, logits.size(-1)), target.reshape(-1)).backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    block, steps = grads
+    assert block.keys() == steps.keys()
+    for name in block:
+        torch.testing.assert_close(block[name], steps[name], atol=1e-6, rtol=1e-5)
