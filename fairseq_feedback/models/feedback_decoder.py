@@ -6,9 +6,11 @@ reach the layers above through the residual stream. The memory begins with
 one zero vector, m_{-1}, so that step 0 has something to attend to (no empty
 softmax): the same at every position, in training and in decoding.
 
-Training, teacher-forced decoding and incremental decoding all run the loop in
-`extract_features_scriptable`; the incremental state is that loop's memory
-(one key/value buffer for all layers) carried from one call to the next.
+Training, teacher-forced decoding and incremental decoding all run the same
+per-token loop (`_step_by_step`); the incremental state is that loop's memory
+(one key/value buffer for all layers) carried from one call to the next. The
+transformer baseline (--no-feedback) needs no loop outside decoding and
+computes a block at once (`_transformer_block`), with the same numbers.
 """
 
 import sys
@@ -40,7 +42,8 @@ class FeedbackDecoder(TransformerDecoderBase):
             normalize_before=cfg.decoder.normalize_before, composition=cfg.memory_composition,
         ) if self.feedback else None
         self.span_loss_coefficient = cfg.adaptive_span_loss if cfg.adaptive_span else 0.0
-        # row span - d embeds distance d, so a window's last rows line up with it
+        # the last row embeds the nearest key (distance 1 for the feedback memory,
+        # 0 for the baseline, which attends to itself): a window's last rows line up
         self.key_positions = (
             nn.Parameter(torch.randn(self.span, head_dim) * head_dim**-0.5)
             if cfg.relative_positions else None
@@ -110,8 +113,9 @@ class FeedbackDecoder(TransformerDecoderBase):
             else:
                 memories = self._memories_in(state)
                 window = memories[0].window(span)
-            x, block_memory = self._step_by_step(x, memories, window, span, active, layer_encoder_kv,
-                                                 encoder_bias, keep_last_memory=incremental_state is not None)
+            x, block_memory = self._step_by_step(x, memories, window, span, active, layer_encoder_kv, encoder_bias,
+                                                 keep_last_memory=incremental_state is not None,
+                                                 keep_block_memory=stream_state is not None)
             if incremental_state is not None:
                 self.set_incremental_state(
                     incremental_state, "memory", {**self._memory_state(memories), "encoder_kv": encoder_kv}
@@ -126,7 +130,8 @@ class FeedbackDecoder(TransformerDecoderBase):
             x = self.project_out_dim(x)
         return x, {"attn": [None], "inner_states": [x]}
 
-    def _step_by_step(self, x, memories, window, span, active, layer_encoder_kv, encoder_bias, keep_last_memory):
+    def _step_by_step(self, x, memories, window, span, active, layer_encoder_kv, encoder_bias, keep_last_memory,
+                      keep_block_memory):
         """The per-token loop: the feedback model in training and decoding, and
         the baseline in decoding. Returns the top layer's outputs [time, batch,
         embed] and what the next block's memory is made of."""
@@ -161,10 +166,11 @@ class FeedbackDecoder(TransformerDecoderBase):
                     m = torch.addcmul(m, h, mix[i + 1])  # eq. 1
             outputs.append(h)
             if self.feedback:
-                block_memory.append(m)
+                if keep_block_memory:
+                    block_memory.append(m)
                 if t < steps - 1 or keep_last_memory:
                     window = memories[0].append(self.memory.project(m.unsqueeze(0)), span)
-        return torch.stack(outputs), (torch.stack(block_memory) if self.feedback else None)
+        return torch.stack(outputs), (torch.stack(block_memory) if block_memory else None)
 
     def _transformer_block(self, x, carried, span, active, layer_encoder_kv, encoder_bias):
         """The transformer baseline over a whole block at once, as Transformer-XL
