@@ -22,6 +22,8 @@ MODELS = {
     "baseline, persistent vectors": ["--no-feedback", "--persistent-vectors", "4"],
     "top-layer memory": ["--memory-composition", "top"],
 }
+# a bug that showed only from 11 layers on got through tests at one depth
+DEPTHS = {"1 layer": 1, "3 layers": 3, "12 layers": 12}
 
 
 def with_trained_spans(model):
@@ -75,10 +77,11 @@ def streamed_log_probs(model, task, split, block, rows=1):
     return [torch.cat(s) for s in scores], [torch.cat(t) for t in targets]
 
 
+@pytest.mark.parametrize("depth", DEPTHS.values(), ids=DEPTHS.keys())
 @pytest.mark.parametrize("flags", MODELS.values(), ids=MODELS.keys())
-def test_a_stream_read_in_blocks_equals_one_pass(flags):
+def test_a_stream_read_in_blocks_equals_one_pass(flags, depth):
     d = make_dictionary()
-    model, task = tiny_lm("--memory-span", "12", *flags, dictionary=d)
+    model, task = tiny_lm("--memory-span", "12", "--decoder-layers", str(depth), *flags, dictionary=d)
     with_trained_spans(model).eval()
     split = SplitStream("valid", random_split(d))
     stream = torch.cat(split.tokens.lines)
@@ -125,10 +128,11 @@ def test_memory_is_carried_within_a_stream_and_never_across_streams():
     assert not torch.allclose(continued, fresh)
 
 
+@pytest.mark.parametrize("depth", DEPTHS.values(), ids=DEPTHS.keys())
 @pytest.mark.parametrize("flags", MODELS.values(), ids=MODELS.keys())
-def test_incremental_sampling_equals_the_training_forward(flags):
+def test_incremental_sampling_equals_the_training_forward(flags, depth):
     d = make_dictionary()
-    model, task = tiny_lm("--memory-span", "6", *flags, dictionary=d)
+    model, task = tiny_lm("--memory-span", "6", "--decoder-layers", str(depth), *flags, dictionary=d)
     with_trained_spans(model).eval()
     generator = SequenceGenerator([model], d, beam_size=1, search_strategy=search.Sampling(d), max_len_b=15,
                                   min_len=15)
@@ -148,7 +152,7 @@ def test_incremental_sampling_equals_the_training_forward(flags):
 def reference_transformer_xl(model, blocks):
     """A plain pre-norm transformer with relative positions and Transformer-XL
     caching, written out: each layer attends to the last `span` inputs of its
-    own, itself included, with the previous block's inputs cached."""
+    own, itself included, with the previous block's inputs cached (detached)."""
     dec = model.decoder
     span, cache, out = dec.span, None, []
     for tokens in blocks:
@@ -159,7 +163,7 @@ def reference_transformer_xl(model, blocks):
             attn = layer.self_attn
             heads, head_dim = attn.num_heads, attn.head_dim
             context = x if cache is None else torch.cat([cache[l], x])
-            new_cache.append(context[-span:])
+            new_cache.append(context[-span:].detach())  # Transformer-XL: no gradient into the cache
             offset = len(context) - steps
             k, v = attn.kv_proj(layer.self_attn_layer_norm(context)).view(len(context), rows, 2, heads, head_dim).unbind(2)
             q = attn.q_proj(layer.self_attn_layer_norm(x)).view(steps, rows, heads, head_dim)
@@ -176,16 +180,26 @@ def reference_transformer_xl(model, blocks):
     return torch.cat(out, dim=1)
 
 
-def test_the_baseline_is_a_transformer_xl():
+@pytest.mark.parametrize("depth", DEPTHS.values(), ids=DEPTHS.keys())
+def test_the_baseline_is_a_transformer_xl(depth):
     d = make_dictionary()
-    model, _ = tiny_lm("--no-feedback", "--memory-span", "5", dictionary=d)
-    model.eval()
-    tokens = torch.randint(d.nspecial, len(d), (2, 24))
+    model, _ = tiny_lm("--no-feedback", "--memory-span", "5", "--decoder-layers", str(depth), dictionary=d)
+    model.train()  # dropout 0: the training path, deterministic
+    tokens, target = torch.randint(d.nspecial, len(d), (2, 2, 24))
     blocks = tokens.split(8, dim=1)
-    with torch.no_grad():
-        got = torch.cat([model(b, stream="s", block=k)[0] for k, b in enumerate(blocks)], dim=1)
-        expected = reference_transformer_xl(model, blocks)
+
+    def gradients(logits):
+        model.zero_grad()
+        F.cross_entropy(logits.reshape(-1, logits.size(-1)), target.reshape(-1)).backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    got = torch.cat([model(b, stream="s", block=k)[0] for k, b in enumerate(blocks)], dim=1)
+    expected = reference_transformer_xl(model, blocks)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    got, expected = gradients(got), gradients(expected)
+    assert got.keys() == expected.keys() and "decoder.key_positions" in got
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name], atol=1e-5, rtol=1e-4, msg=name)
 
 
 def test_more_streams_than_lines_leaves_the_extra_streams_empty():
@@ -214,19 +228,28 @@ def test_labels_replace_next_token_targets_and_ignored_labels_carry_no_loss():
     assert torch.equal(batch["target"][0], expected)
 
 
+@pytest.mark.parametrize("depth", DEPTHS.values(), ids=DEPTHS.keys())
 @pytest.mark.parametrize("flags", [[], ["--adaptive-span", "--adaptive-span-ramp", "2"], ["--persistent-vectors", "3"]],
                          ids=["plain", "adaptive span", "persistent vectors"])
-def test_the_baseline_trains_the_same_in_one_pass_as_step_by_step(flags):
+def test_the_baseline_trains_the_same_in_one_pass_as_step_by_step(flags, depth):
     """The baseline computes a block at once in training; decoding runs it
-    step by step: the same gradients either way."""
+    step by step, from its cache: the same gradients either way."""
     d = make_dictionary()
-    model, _ = tiny_lm("--no-feedback", "--memory-span", "5", *flags, dictionary=d)
+    model, _ = tiny_lm("--no-feedback", "--memory-span", "5", "--decoder-layers", str(depth), *flags, dictionary=d)
     model.train()
     tokens, target = torch.randint(d.nspecial, len(d), (2, 3, 12))
+
+    def one_pass():
+        return model.decoder(tokens)[0]
+
+    def step_by_step():
+        state = {}
+        return torch.cat([model.decoder(tokens[:, : t + 1], incremental_state=state)[0] for t in range(12)], dim=1)
+
     grads = []
-    for incremental_state in (None, {}):  # a fresh incremental state takes the per-step path
+    for forward in (one_pass, step_by_step):
         model.zero_grad()
-        logits, _ = model.decoder(tokens, incremental_state=incremental_state)
+        logits = forward()
         F.cross_entropy(logits.reshape(-1, logits.size(-1)), target.reshape(-1)).backward()
         grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
     block, steps = grads

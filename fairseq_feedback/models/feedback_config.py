@@ -1,4 +1,6 @@
-"""Options of the feedback decoder, shared by the translation model and the LM."""
+"""Options of the feedback decoders, shared by the translation model and the LM:
+their defaults and checks (one path for every architecture), and the choice
+between the feedback decoder and its Transformer baseline."""
 
 from dataclasses import dataclass, field
 from typing import Optional
@@ -7,6 +9,8 @@ from fairseq.dataclass import FairseqDataclass
 
 from ..errors import FeedbackUsageError
 from ..modules.feedback_memory import composition_layer
+from .feedback_decoder import FeedbackDecoder
+from .transformer_xl_decoder import TransformerXLDecoder
 
 
 @dataclass
@@ -73,6 +77,29 @@ def decoder_config(args):
         if not name.startswith("_"):
             setattr(cfg, name, getattr(args, name))
     return cfg
+
+
+def build_decoder(cfg, dictionary, embed_tokens, no_encoder_attn=False):
+    """The feedback decoder, or with --no-feedback the paper's Transformer baseline."""
+    decoder = TransformerXLDecoder if cfg.no_feedback else FeedbackDecoder
+    return decoder(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
+
+
+def feedback_architecture(args, fairseq_architecture, **defaults) -> None:
+    """What every architecture of this plugin does: its own `defaults` (sizes,
+    the paper's choices), then fairseq's architecture of the same shape, then
+    the feedback options' defaults, then one check of them all. Options
+    already set (on the command line, in a checkpoint) are kept. fairseq
+    applies architectures while parsing the command line, so a bad value
+    stops it before it creates any directory."""
+    for name, value in defaults.items():
+        if getattr(args, name, None) is None:
+            setattr(args, name, value)
+    fairseq_architecture(args)
+    for name, value in vars(FeedbackConfig()).items():
+        if not name.startswith("_") and getattr(args, name, None) is None:
+            setattr(args, name, value)
+    check_feedback_args(args)
 
 
 def check_feedback_args(args) -> None:

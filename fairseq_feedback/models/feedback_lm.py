@@ -3,27 +3,34 @@
 Built like fairseq's transformer_lm (plain, adaptive or character input
 embeddings, adaptive softmax), with the paper's language-model choices by
 default: pre-norm layers and learned relative positions over the span.
-With --no-feedback the same model is the paper's transformer baseline.
+With --no-feedback the same model is the paper's Transformer baseline.
 """
 
 import argparse
+import ast
 from dataclasses import dataclass, field
 from typing import Dict
-from unittest import mock
 
 from fairseq.models import register_model, register_model_architecture
-from omegaconf import II
-from fairseq.models import transformer_lm
 from fairseq.models.transformer_lm import (
+    DEFAULT_MAX_TARGET_POSITIONS,
     TransformerLanguageModel,
     TransformerLanguageModelConfig,
     base_lm_architecture,
 )
+from fairseq.modules import AdaptiveInput, CharacterTokenEmbedder
+from omegaconf import II
 from torch import Tensor
 
-from .feedback_config import FeedbackConfig, check_dictionary_sizes, check_feedback_args, decoder_config
-from .feedback_decoder import FeedbackDecoder
-from .feedback_transformer import feedback_defaults
+from ..errors import FeedbackUsageError
+from .feedback_config import (
+    FeedbackConfig,
+    build_decoder,
+    check_dictionary_sizes,
+    check_feedback_args,
+    decoder_config,
+    feedback_architecture,
+)
 
 
 def _boolean(value: str) -> bool:
@@ -81,16 +88,36 @@ class FeedbackLanguageModel(TransformerLanguageModel):
 
     @classmethod
     def build_model(cls, args, task):
-        feedback_defaults(args)
-        check_feedback_args(args)
-        # fairseq's transformer_lm builds the embeddings (plain, adaptive or
-        # character) and checks the adaptive options with no hook for another
-        # decoder; let it, with the feedback decoder in place of its own
-        def feedback_decoder(args, dictionary, embed_tokens, no_encoder_attn):
-            return FeedbackDecoder(decoder_config(args), dictionary, embed_tokens, no_encoder_attn)
+        check_feedback_args(args)  # `feedback_lm` has no architecture function of its own to check them
+        if args.decoder_layers_to_keep:
+            args.decoder_layers = len(args.decoder_layers_to_keep.split(","))
+        if getattr(args, "max_target_positions", None) is None:
+            args.max_target_positions = getattr(args, "tokens_per_sample", DEFAULT_MAX_TARGET_POSITIONS)
+        embed_tokens = cls.build_input_embeddings(args, task.source_dictionary)
+        return cls(build_decoder(decoder_config(args), task.target_dictionary, embed_tokens, no_encoder_attn=True))
 
-        with mock.patch.object(transformer_lm, "TransformerDecoder", feedback_decoder):
-            return super().build_model(args, task)
+    @classmethod
+    def build_input_embeddings(cls, args, dictionary):
+        """Character CNN, adaptive input or a plain table, as fairseq's
+        transformer_lm builds them (literal_eval, where it has eval: a
+        checkpoint's options must not run code)."""
+        if args.character_embeddings:
+            return CharacterTokenEmbedder(dictionary, ast.literal_eval(args.character_filters),
+                                          args.character_embedding_dim, args.decoder_embed_dim,
+                                          args.char_embedder_highway_layers)
+        if args.tie_adaptive_weights and not (
+            args.adaptive_input and args.adaptive_input_factor == args.adaptive_softmax_factor
+            and args.adaptive_input_cutoff == args.adaptive_softmax_cutoff
+            and args.decoder_input_dim == args.decoder_output_dim
+        ):
+            raise FeedbackUsageError("--tie-adaptive-weights needs --adaptive-input with the adaptive softmax's "
+                                     "factor and cutoffs, and --decoder-input-dim equal to --decoder-output-dim")
+        if args.adaptive_input:
+            cutoff = ast.literal_eval(args.adaptive_input_cutoff)  # "20000,60000", as fairseq's eval_str_list reads it
+            return AdaptiveInput(len(dictionary), dictionary.pad(), args.decoder_input_dim, args.adaptive_input_factor,
+                                 args.decoder_embed_dim, list(cutoff) if isinstance(cutoff, tuple) else [cutoff],
+                                 args.quant_noise_pq, args.quant_noise_pq_block_size)
+        return cls.build_embedding(args, dictionary, args.decoder_input_dim)
 
     def forward(self, src_tokens, src_lengths=None, stream=None, block=None, **kwargs):
         """`stream` names a stream the feedback_language_modeling task delivers
@@ -109,67 +136,44 @@ class FeedbackLanguageModel(TransformerLanguageModel):
         return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
 
 
-def _paper_lm_defaults(args):
-    """The paper's language-model choices, on top of fairseq's transformer_lm
-    defaults; options already set are kept."""
-    args.relative_positions = getattr(args, "relative_positions", True)
-    args.no_token_positional_embeddings = getattr(args, "no_token_positional_embeddings", True)
-    args.decoder_normalize_before = getattr(args, "decoder_normalize_before", True)
-    feedback_defaults(args)
-    base_lm_architecture(args)
-    check_feedback_args(args)
+# The paper's language-model choices (section 4, Table 9), on top of fairseq's
+# transformer_lm defaults; options already set are kept.
+PAPER_LM = dict(decoder_normalize_before=True, relative_positions=True, no_token_positional_embeddings=True)
+# as fairseq's transformer_lm_wiki103 uses them
+ADAPTIVE_INPUT_AND_SOFTMAX = dict(adaptive_input=True, tie_adaptive_weights=True, tie_adaptive_proj=True,
+                                  adaptive_input_cutoff="20000,60000", adaptive_softmax_cutoff="20000,60000")
 
 
-def _sizes(args, layers, embed_dim, ffn_dim, heads, span, dropout, head_dim=None):
-    args.decoder_layers = getattr(args, "decoder_layers", layers)
-    args.decoder_embed_dim = getattr(args, "decoder_embed_dim", embed_dim)
-    args.decoder_ffn_embed_dim = getattr(args, "decoder_ffn_embed_dim", ffn_dim)
-    args.decoder_attention_heads = getattr(args, "decoder_attention_heads", heads)
-    args.head_dim = getattr(args, "head_dim", head_dim)
-    args.memory_span = getattr(args, "memory_span", span)
-    args.dropout = getattr(args, "dropout", dropout)
-
-
-def _adaptive_input_and_softmax(args, softmax_dropout):
-    """As fairseq's transformer_lm_wiki103 uses them."""
-    args.adaptive_input = getattr(args, "adaptive_input", True)
-    args.tie_adaptive_weights = getattr(args, "tie_adaptive_weights", True)
-    args.tie_adaptive_proj = getattr(args, "tie_adaptive_proj", True)
-    args.adaptive_input_cutoff = getattr(args, "adaptive_input_cutoff", "20000,60000")
-    args.adaptive_softmax_cutoff = getattr(args, "adaptive_softmax_cutoff", "20000,60000")
-    args.adaptive_softmax_dropout = getattr(args, "adaptive_softmax_dropout", softmax_dropout)
+def _sizes(layers, embed_dim, ffn_dim, heads, span, dropout, head_dim=None):
+    return dict(decoder_layers=layers, decoder_embed_dim=embed_dim, decoder_ffn_embed_dim=ffn_dim,
+                decoder_attention_heads=heads, head_dim=head_dim, memory_span=span, dropout=dropout)
 
 
 @register_model_architecture("feedback_lm", "feedback_lm_wiki103")
 def feedback_lm_wiki103(args):
-    _sizes(args, layers=4, embed_dim=512, ffn_dim=4096, heads=8, span=512, dropout=0.1, head_dim=128)
-    _adaptive_input_and_softmax(args, softmax_dropout=0.1)
-    _paper_lm_defaults(args)
+    feedback_architecture(args, base_lm_architecture, **PAPER_LM, **ADAPTIVE_INPUT_AND_SOFTMAX,
+                          **_sizes(4, 512, 4096, 8, span=512, dropout=0.1, head_dim=128),
+                          adaptive_softmax_dropout=0.1)
 
 
-def _adaptive_span(args, loss):
-    """The paper's long-span models learn each head's span (Sukhbaatar et al. 2019)."""
-    args.adaptive_span = getattr(args, "adaptive_span", True)
-    args.adaptive_span_loss = getattr(args, "adaptive_span_loss", loss)
+# The paper's long-span models learn each head's span (Sukhbaatar et al. 2019).
 
 
 @register_model_architecture("feedback_lm", "feedback_lm_wiki103_large")
 def feedback_lm_wiki103_large(args):
-    _sizes(args, layers=8, embed_dim=1024, ffn_dim=4096, heads=8, span=2048, dropout=0.3)
-    _adaptive_span(args, loss=1e-5)
-    _adaptive_input_and_softmax(args, softmax_dropout=0.2)
-    _paper_lm_defaults(args)
+    feedback_architecture(args, base_lm_architecture, **PAPER_LM, **ADAPTIVE_INPUT_AND_SOFTMAX,
+                          **_sizes(8, 1024, 4096, 8, span=2048, dropout=0.3),
+                          adaptive_softmax_dropout=0.2, adaptive_span=True, adaptive_span_loss=1e-5)
 
 
 @register_model_architecture("feedback_lm", "feedback_lm_enwik8")
 def feedback_lm_enwik8(args):
-    _sizes(args, layers=12, embed_dim=512, ffn_dim=4096, heads=8, span=8192, dropout=0.5, head_dim=128)
-    _adaptive_span(args, loss=5e-7)
-    _paper_lm_defaults(args)
+    feedback_architecture(args, base_lm_architecture, **PAPER_LM,
+                          **_sizes(12, 512, 4096, 8, span=8192, dropout=0.5, head_dim=128),
+                          adaptive_span=True, adaptive_span_loss=5e-7)
 
 
 @register_model_architecture("feedback_lm", "feedback_lm_toy")
 def feedback_lm_toy(args):
     """The paper's algorithmic tasks (Table 9, first column)."""
-    _sizes(args, layers=4, embed_dim=256, ffn_dim=1024, heads=4, span=100, dropout=0.2)
-    _paper_lm_defaults(args)
+    feedback_architecture(args, base_lm_architecture, **PAPER_LM, **_sizes(4, 256, 1024, 4, span=100, dropout=0.2))

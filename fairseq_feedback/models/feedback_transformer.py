@@ -15,8 +15,7 @@ from fairseq.models.transformer import (
 )
 
 from ..errors import FeedbackUsageError
-from .feedback_config import FeedbackConfig, check_dictionary_sizes, check_feedback_args
-from .feedback_decoder import FeedbackDecoder
+from .feedback_config import FeedbackConfig, build_decoder, check_dictionary_sizes, feedback_architecture
 
 
 @register_model("feedback_transformer")
@@ -33,8 +32,7 @@ class FeedbackTransformerModel(TransformerModel):
 
     @classmethod
     def build_model(cls, args, task):
-        feedback_defaults(args)  # a checkpoint from before an option existed gets its default
-        check_feedback_args(args)
+        # fairseq applied the architecture (defaults and checks) before this
         if getattr(args, "share_all_embeddings", False) and task.source_dictionary != task.target_dictionary:
             raise FeedbackUsageError(
                 "--share-all-embeddings needs one dictionary for both sides: "
@@ -48,7 +46,7 @@ class FeedbackTransformerModel(TransformerModel):
 
     @classmethod
     def build_decoder(cls, cfg, tgt_dict, embed_tokens):
-        return FeedbackDecoder(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
+        return build_decoder(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
 
     def set_beam_size(self, beam_size):
         """Called by fairseq's SequenceGenerator (as for BART): beam hypotheses
@@ -56,41 +54,20 @@ class FeedbackTransformerModel(TransformerModel):
         self.decoder.set_beam_size(beam_size)
 
 
-def feedback_defaults(args):
-    for name, value in vars(FeedbackConfig()).items():
-        if getattr(args, name, None) is None:
-            setattr(args, name, value)
-
-
 # Sizes of the paper's Table 8, on fairseq's transformer architectures of those
 # sizes; dropout 0.3 in all three. Options set before these run are kept.
 
 
-def _paper_seq2seq_defaults(args):
-    feedback_defaults(args)
-    args.dropout = getattr(args, "dropout", 0.3)
-
-
-# Each architecture checks the options at once: fairseq applies it while
-# parsing the command line, before it creates any directory.
-
-
 @register_model_architecture("feedback_transformer", "feedback_transformer")
 def feedback_transformer(args):
-    _paper_seq2seq_defaults(args)
-    base_architecture(args)
-    check_feedback_args(args)
+    feedback_architecture(args, base_architecture, dropout=0.3)
 
 
 @register_model_architecture("feedback_transformer", "feedback_transformer_iwslt_de_en")
 def feedback_transformer_iwslt_de_en(args):
-    _paper_seq2seq_defaults(args)
-    transformer_iwslt_de_en(args)
-    check_feedback_args(args)
+    feedback_architecture(args, transformer_iwslt_de_en, dropout=0.3)
 
 
 @register_model_architecture("feedback_transformer", "feedback_transformer_wmt_en_de_big")
 def feedback_transformer_wmt_en_de_big(args):
-    _paper_seq2seq_defaults(args)
-    transformer_vaswani_wmt_en_de_big(args)
-    check_feedback_args(args)
+    feedback_architecture(args, transformer_vaswani_wmt_en_de_big, dropout=0.3)

@@ -92,9 +92,7 @@ class FeedbackAttention(nn.Module):
 
     The memory's keys and values are not projected here: they are projected
     once per memory vector for all layers (FeedbackMemory), which is what makes
-    the feedback decoder cheap per token. The transformer baseline
-    (`own_memory`) attends to its own layer's inputs instead, so it projects
-    their keys and values itself, like any self-attention.
+    the feedback decoder cheap per token.
 
     Options: `persistent_vectors` learned key/value pairs per head (with the
     reparameterisation k = sqrt(d_head) k', v = sqrt(n) v', so that they start
@@ -102,17 +100,14 @@ class FeedbackAttention(nn.Module):
     adaptive span per head (`adaptive_span`: max span, ramp, initial z).
     """
 
-    def __init__(self, embed_dim, num_heads, head_dim, dropout=0.0, q_noise=0.0, qn_block_size=8, own_memory=False,
+    def __init__(self, embed_dim, num_heads, head_dim, dropout=0.0, q_noise=0.0, qn_block_size=8,
                  persistent_vectors=0, adaptive_span=None):
         super().__init__()
         self.num_heads, self.head_dim, self.dropout = num_heads, head_dim, dropout
         self.q_proj = quant_noise(nn.Linear(embed_dim, num_heads * head_dim), q_noise, qn_block_size)
         self.out_proj = quant_noise(nn.Linear(num_heads * head_dim, embed_dim), q_noise, qn_block_size)
-        self.kv_proj = nn.Linear(embed_dim, 2 * num_heads * head_dim) if own_memory else None
         # fairseq's MultiheadAttention initialisation, so the decoders start alike
-        for proj in (self.q_proj, self.kv_proj):
-            if proj is not None:
-                nn.init.xavier_uniform_(proj.weight, gain=2**-0.5)
+        nn.init.xavier_uniform_(self.q_proj.weight, gain=2**-0.5)
         nn.init.xavier_uniform_(self.out_proj.weight)
         nn.init.constant_(self.out_proj.bias, 0.0)
         self.persistent_keys = self.persistent_values = None

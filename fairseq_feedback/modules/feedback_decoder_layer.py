@@ -6,6 +6,8 @@ then encoder-decoder attention and the feed-forward block, exactly as in
 fairseq's TransformerDecoderLayer, whose norms, feed-forward, encoder
 attention and dropouts this layer inherits; only self-attention is replaced.
 With --no-feed-forward (and persistent vectors) it is an all-attention layer.
+The Transformer baseline (--no-feedback) uses the same layer with an attention
+over the layer's own past inputs (TransformerXLAttention), on a whole block.
 """
 
 import torch
@@ -13,6 +15,7 @@ from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
 from torch import Tensor
 
 from .feedback_attention import FeedbackAttention, MemoryView, attend
+from .transformer_xl_attention import TransformerXLAttention
 
 
 class FeedbackDecoderLayer(TransformerDecoderLayerBase):
@@ -22,12 +25,15 @@ class FeedbackDecoderLayer(TransformerDecoderLayerBase):
             self.fc1 = self.fc2 = self.final_layer_norm = None
 
     def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
+        # the Transformer baseline attends to its own layer's inputs, so its
+        # attention projects their keys and values itself
+        attention = TransformerXLAttention if cfg.no_feedback else FeedbackAttention
         heads = cfg.decoder.attention_heads
         adaptive_span = (cfg.memory_span, cfg.adaptive_span_ramp, cfg.adaptive_span_init) if cfg.adaptive_span else None
-        return FeedbackAttention(
-            embed_dim, heads, cfg.head_dim or embed_dim // heads, cfg.attention_dropout, self.quant_noise,
-            self.quant_noise_block_size, own_memory=cfg.no_feedback, persistent_vectors=cfg.persistent_vectors,
-            adaptive_span=adaptive_span,
+        return attention(
+            embed_dim, heads, cfg.head_dim or embed_dim // heads, dropout=cfg.attention_dropout,
+            q_noise=self.quant_noise, qn_block_size=self.quant_noise_block_size,
+            persistent_vectors=cfg.persistent_vectors, adaptive_span=adaptive_span,
         )
 
     def project_own_memory(self, x: Tensor) -> Tensor:

@@ -9,7 +9,12 @@ projection serves every layer; with per-layer keys and values each layer has
 its own, but all are still computed once per memory vector, in one matmul.
 The paper's other compositions (Figures 5 and 8) replace softmax(w) by fixed
 weights: the average of all layers, or one layer (the top one) alone.
+
+In decoding, the memory's keys and values are cached between calls
+(CachedKeyValues): one buffer for the whole decoder.
 """
+
+from typing import Callable, List, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -17,9 +22,10 @@ from fairseq.modules import LayerNorm
 from torch import Tensor, nn
 
 from ..errors import FeedbackUsageError
+from .key_value_buffer import CachedKeyValues
 
 
-class FeedbackMemory(nn.Module):
+class FeedbackMemory(CachedKeyValues, nn.Module):
     def __init__(self, embed_dim, num_layers, num_heads, head_dim, shared_kv=True, normalize_before=False,
                  composition="weighted"):
         super().__init__()
@@ -42,9 +48,15 @@ class FeedbackMemory(nn.Module):
         nn.init.xavier_uniform_(self.kv_proj.weight, gain=2**-0.5)
 
     def mixing_weights(self) -> Tensor:
+        """softmax(w) of eq. 1 (or the fixed weights): once per block, not per step."""
         if self.layer_weights is None:
             return self.fixed_weights
         return F.softmax(self.layer_weights, dim=0)
+
+    def forward(self, layer_states: List[Tensor], weights: Tensor) -> Tensor:
+        """Eq. 1 for one step: m_t = sum_l weights_l x_t^l, from the embedding
+        and every layer's output ([batch, embed] each), as one matrix product."""
+        return torch.matmul(weights, torch.stack(layer_states).flatten(1)).view_as(layer_states[0])
 
     def project(self, memory: Tensor) -> Tensor:
         """[slots, batch, embed] -> keys and values [slots, planes, batch, heads, head_dim]."""
@@ -54,11 +66,12 @@ class FeedbackMemory(nn.Module):
         kv = self.kv_proj(memory).view(slots, batch, self.planes, self.num_heads, self.head_dim)
         return kv.transpose(1, 2)
 
-    def keys_values(self, window):
-        """The (keys, values) of each projection in a window (one [batch,
-        heads, slots, head_dim] view per plane): one pair when all layers share
-        the projection, else one per layer."""
-        return [(window[p], window[p + 1]) for p in range(0, self.planes, 2)]
+    def layer_keys_values(self, window, transform_keys: Callable[[Tensor], Tensor]) -> List[Tuple[Tensor, Tensor]]:
+        """Each layer's (keys, values) in a window of slots (one [batch, heads,
+        slots, head_dim] view per plane). `transform_keys` (relative positions)
+        runs once per projection: when all layers share it, once in all."""
+        pairs = [(transform_keys(window[p]), window[p + 1]) for p in range(0, self.planes, 2)]
+        return pairs * self.num_layers if self.shared_kv else pairs
 
 
 def composition_layer(composition: str, num_layers: int):

@@ -1,23 +1,27 @@
-"""Preallocated keys and values of the feedback memory.
+"""Preallocated keys and values of a memory, and their cache between decoding calls.
 
-The per-token loop appends one memory slot per step and reads a window of the
-last `span` slots. Concatenating a growing tensor each step costs O(t) copies
-and keeps every intermediate alive for backward (O(T^2) memory); here each step
-writes its slot in place and reads a view, so a block of T steps costs O(T).
+A decoder appends memory slots as it goes and reads a window of the last
+ones. Concatenating a growing tensor each step costs O(t) copies and keeps
+every intermediate alive for backward (O(T^2) memory); here each append
+writes in place and reads a view, so a block of T steps costs O(T).
 
 Layout: [slots, planes, batch, heads, head_dim]. Slots come first so that the
 filled part is contiguous (one copy on reorder, one block in backward); a plane
 is a key or a value of one key/value projection (2 when all layers share it).
 """
 
-from typing import Optional, Tuple
+import weakref
+from typing import Dict, Optional, Tuple
 
 import torch
+from fairseq.incremental_decoding_utils import FairseqIncrementalState
 from torch import Tensor
 
 
 class KeyValueBuffer:
-    """The last slots of the memory, written in place, read as windows."""
+    """The last slots of a memory, written in place, read as windows."""
+
+    __slots__ = ("slots", "length", "grad", "__weakref__")
 
     def __init__(self, slots: Tensor, length: int):
         self.slots = slots  # capacity along dim 0; only [:length] is filled
@@ -32,49 +36,81 @@ class KeyValueBuffer:
     def capacity(self) -> int:
         return self.slots.size(0)
 
-    def append(self, new: Tensor, span: int) -> Tuple[Tensor, ...]:
+    def append(self, new: Tensor, window: int) -> Tuple[Tensor, ...]:
         """Writes `new` ([n, planes, batch, heads, head_dim]) after the filled
-        slots and returns the window the next step reads, the last `span`
-        slots, as one [batch, heads, slots, head_dim] view per plane."""
+        slots and returns the last `window` slots, as one [batch, heads, slots,
+        head_dim] view per plane."""
         if self.length + new.size(0) > self.capacity:
-            self._make_room(new.size(0), span)
+            self._make_room(new.size(0), window)
         if torch.is_grad_enabled() and new.requires_grad:
-            return _AppendToBuffer.apply(new, self, span)
-        return self._write(new, span)
+            return _AppendToBuffer.apply(new, self, window)
+        return self._write(new, window)
 
-    def window(self, span: int) -> Tuple[Tensor, ...]:
-        slots = self.slots[max(0, self.length - span) : self.length]
+    def window(self, size: int) -> Tuple[Tensor, ...]:
+        slots = self.slots[max(0, self.length - size) : self.length]
         return tuple(slots.permute(1, 2, 3, 0, 4).unbind(0))
 
-    def _write(self, new: Tensor, span: int) -> Tuple[Tensor, ...]:
+    def _write(self, new: Tensor, window: int) -> Tuple[Tensor, ...]:
         start, end = self.length, self.length + new.size(0)
         # `.data` is an alias with its own version counter: windows handed out
         # earlier and saved for backward must not see a version bump, since
         # their slots are never overwritten.
         self.slots.data[start:end] = new
         self.length = end
-        return self.window(span)
+        return self.window(window)
 
-    def _make_room(self, incoming: int, span: int) -> None:
-        """Grows the buffer, dropping slots that no future window can reach.
-        Decoding only: a training block sizes its buffer so that windows saved
-        for backward stay valid."""
-        keep = min(self.length, span)
+    def _make_room(self, incoming: int, window: int) -> None:
+        """Grows the buffer (decoding; a training block sizes its own). It drops
+        the slots that no future window reaches, unless gradients are on: then
+        every slot keeps its place, where the backward of earlier appends
+        finds it."""
+        keep = self.length if torch.is_grad_enabled() else min(self.length, window)
         capacity = max(2 * (keep + incoming), 16)
         slots = self.slots.new_empty((capacity,) + self.slots.shape[1:])
         slots[:keep] = self.slots[self.length - keep : self.length]
         self.slots, self.length = slots, keep
 
-    def reorder(self, new_order: Tensor, span: int) -> "KeyValueBuffer":
-        """Beam search: keep the rows `new_order` selects, and only the last
-        `span` slots, with room to grow."""
-        keep = min(self.length, span)
-        planes, _, heads, head_dim = self.slots.shape[1:]
-        slots = self.slots.new_empty((keep + 16, planes, len(new_order), heads, head_dim))
-        torch.index_select(
-            self.slots[self.length - keep : self.length], 2, new_order, out=slots[:keep]
-        )
-        return KeyValueBuffer(slots, keep)
+    def reorder(self, new_order: Tensor) -> "KeyValueBuffer":
+        """Beam search: the rows `new_order` selects, in a buffer of the same
+        capacity (the next append that overflows it drops what no window reaches)."""
+        slots = self.slots.new_empty((self.capacity, self.slots.size(1), len(new_order)) + self.slots.shape[3:])
+        torch.index_select(self.slots[: self.length], 2, new_order, out=slots[: self.length])
+        return KeyValueBuffer(slots, self.length)
+
+
+class CachedKeyValues(FairseqIncrementalState):
+    """A module whose keys and values outlive one decoding call: fairseq's
+    incremental state holds its buffer as named tensors, and fairseq's beam
+    search reorders it through reorder_incremental_state."""
+
+    def cached_keys_values(self, incremental_state) -> Optional[KeyValueBuffer]:
+        state = self.get_incremental_state(incremental_state, "keys_values")
+        if state is None:
+            return None
+        # While autograd holds the buffer that wrote these slots, resume that
+        # very buffer: the gradients of all calls then add up in one place.
+        buffer = _BUFFERS.get(id(state["slots"]))
+        if buffer is None or buffer.slots is not state["slots"]:
+            buffer = KeyValueBuffer(state["slots"], int(state["length"]))
+        return buffer
+
+    def cache_keys_values(self, incremental_state, buffer: KeyValueBuffer) -> None:
+        if incremental_state is None:
+            return
+        _BUFFERS[id(buffer.slots)] = buffer
+        # the length stays on the CPU: reading it never waits for a GPU
+        state: Dict[str, Optional[Tensor]] = {"slots": buffer.slots, "length": torch.tensor(buffer.length)}
+        self.set_incremental_state(incremental_state, "keys_values", state)
+
+    def reorder_incremental_state(self, incremental_state, new_order: Tensor) -> None:
+        buffer = self.cached_keys_values(incremental_state)
+        if buffer is not None:
+            self.cache_keys_values(incremental_state, buffer.reorder(new_order))
+
+
+# the buffers that cached slots belong to, by id of their slots tensor: a
+# buffer lives on only while an autograd graph refers to it
+_BUFFERS: "weakref.WeakValueDictionary[int, KeyValueBuffer]" = weakref.WeakValueDictionary()
 
 
 class _AppendToBuffer(torch.autograd.Function):
@@ -84,14 +120,15 @@ class _AppendToBuffer(torch.autograd.Function):
     gradients against that). Backward adds each window's gradient into one
     preallocated gradient buffer. When autograd reaches the write of a slot,
     that slot's gradient is complete: every window that reads it was handed
-    out by a later write, whose backward ran first. The windows are outputs
-    in the layout attention reads, so no view op sits between them and this
-    backward (each would allocate a full-size gradient per step).
+    out by a later write, and autograd runs the backward of nodes made later
+    first. The windows are outputs in the layout attention reads, so no view
+    op sits between them and this backward (each would allocate a full-size
+    gradient per step).
     """
 
     @staticmethod
-    def forward(ctx, new: Tensor, buffer: KeyValueBuffer, span: int):
-        planes = buffer._write(new, span)
+    def forward(ctx, new: Tensor, buffer: KeyValueBuffer, window: int):
+        planes = buffer._write(new, window)
         ctx.buffer = buffer  # not save_for_backward: the buffer is no graph input
         ctx.start, ctx.end = buffer.length - new.size(0), buffer.length
         ctx.window_start = ctx.end - planes[0].size(2)

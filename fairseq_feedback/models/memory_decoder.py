@@ -1,0 +1,202 @@
+"""What the feedback decoder and its Transformer baseline share.
+
+Both are fairseq's TransformerDecoderBase (embeddings, positions, LayerDrop
+list, final norm, output projection or adaptive softmax) with layers that
+attend to a memory of past states (FeedbackDecoderLayer) instead of
+self-attention over the sequence. This class embeds the new tokens, projects
+the encoder output once per sentence, and hands the layers to the subclass's
+`decode`, which is called three ways:
+
+- training and teacher-forced scoring: the whole sequence at once;
+- the streaming LM task (`stream_state`): block after block, the memory
+  carried from one block to the next;
+- fairseq's incremental decoding (`incremental_state`): after the first call,
+  one new token per call, the memory's keys and values cached.
+"""
+
+import sys
+from typing import Dict, List, Optional
+
+import torch
+from fairseq.models.transformer import TransformerDecoderBase
+from torch import Tensor, nn
+
+from ..modules.feedback_decoder_layer import FeedbackDecoderLayer
+
+IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
+
+
+class MemoryDecoder(TransformerDecoderBase):
+    """`cfg` is fairseq's TransformerConfig with the FeedbackConfig fields on it."""
+
+    def __init__(self, cfg, dictionary, embed_tokens, no_encoder_attn=False, output_projection=None):
+        super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn, output_projection)
+        self.span = cfg.memory_span
+        head_dim = cfg.head_dim or self.embed_dim // cfg.decoder.attention_heads
+        self.span_loss_coefficient = cfg.adaptive_span_loss if cfg.adaptive_span else 0.0
+        # row span - 1 embeds the nearest key (distance 1 for the feedback
+        # memory, 0 for the baseline, which attends to itself): a window's
+        # last rows line up with the table's
+        self.key_positions = (
+            nn.Parameter(torch.randn(self.span, head_dim) * head_dim**-0.5) if cfg.relative_positions else None
+        )
+
+    def build_decoder_layer(self, cfg, no_encoder_attn=False):
+        return FeedbackDecoderLayer(cfg, no_encoder_attn)
+
+    def decode(self, x: Tensor, layers: List[Optional[FeedbackDecoderLayer]], encoder_kv: List[Optional[Tensor]],
+               encoder_bias: Optional[Tensor], incremental_state: Optional[IncrementalState] = None,
+               stream_state: Optional[Dict[str, Tensor]] = None) -> Tensor:
+        """The layers on the embedded new tokens x ([time, batch, embed]);
+        returns the top layer's outputs. `layers` holds None for a layer that
+        LayerDrop left out of this pass; `encoder_kv` each layer's encoder
+        keys and values (FeedbackDecoderLayer.encoder_keys_values)."""
+        raise NotImplementedError
+
+    def embed(self, tokens: Tensor, positions: Optional[Tensor]) -> Tensor:
+        """x^0: tokens [batch, time] -> [time, batch, embed], as fairseq's decoder embeds them."""
+        x = self.embed_scale * self.embed_tokens(tokens)
+        if self.quant_noise is not None:
+            x = self.quant_noise(x)
+        if self.project_in_dim is not None:
+            x = self.project_in_dim(x)
+        if positions is not None:
+            x = x + positions
+        if self.layernorm_embedding is not None:
+            x = self.layernorm_embedding(x)
+        return self.dropout_module(x).transpose(0, 1)
+
+    def forward(self, prev_output_tokens, encoder_out=None, incremental_state=None, features_only=False,
+                stream_state=None, **unused):
+        x, extra = self.extract_features(prev_output_tokens, encoder_out, incremental_state, stream_state)
+        return (x if features_only else self.output_layer(x)), extra
+
+    def extract_features(
+        self,
+        prev_output_tokens: Tensor,
+        encoder_out: Optional[Dict[str, List[Tensor]]] = None,
+        incremental_state: Optional[IncrementalState] = None,
+        stream_state: Optional[Dict[str, Tensor]] = None,
+        **unused,
+    ):
+        """`incremental_state`: fairseq's decoding protocol; each call after
+        the first feeds its last token. `stream_state`: a language model's
+        stream, block after block (the subclass keeps its memory there)."""
+        decoding = self.get_incremental_state(incremental_state, "decoding")
+        tokens = prev_output_tokens if decoding is None else prev_output_tokens[:, -1:]
+        positions = None
+        if self.embed_positions is not None:
+            positions = self.embed_positions(
+                prev_output_tokens, incremental_state=None if decoding is None else incremental_state
+            )[:, -tokens.size(1):]
+        x = self.embed(tokens, positions)
+
+        if decoding is None:
+            hypotheses = self._hypotheses_per_sentence(incremental_state, encoder_out)
+            encoder_kv = self._encoder_keys_values(encoder_out, hypotheses)
+            self.set_incremental_state(incremental_state, "decoding", {
+                "encoder_keys_values": encoder_kv, "hypotheses_per_sentence": torch.tensor(hypotheses)})
+        else:
+            encoder_kv = decoding["encoder_keys_values"]
+        encoder_bias = self._encoder_attention_mask(encoder_out, encoder_kv)
+        layer_encoder_kv = [None] * self.num_layers if encoder_kv is None else list(encoder_kv.unbind())
+        x = self.decode(x, self._sampled_layers(), layer_encoder_kv, encoder_bias, incremental_state, stream_state)
+
+        if self.layer_norm is not None:
+            x = self.layer_norm(x)
+        x = x.transpose(0, 1)
+        if self.project_out_dim is not None:
+            x = self.project_out_dim(x)
+        return x, {"attn": [None], "inner_states": [x]}
+
+    def _sampled_layers(self) -> List[Optional[FeedbackDecoderLayer]]:
+        """Every layer, None where LayerDrop leaves it out of this pass: a
+        left-out layer passes its input on."""
+        kept = {id(layer) for layer in self.layers}  # in training, LayerDrop's list samples as it iterates
+        return [layer if id(layer) in kept else None for layer in map(self.layers.__getitem__, range(self.num_layers))]
+
+    # --- spans and relative positions -----------------------------------------------------------
+
+    def _span_masks(self):
+        return [self.layers[i].self_attn.span_mask for i in range(self.num_layers)
+                if self.layers[i].self_attn.span_mask is not None]
+
+    def current_span(self) -> int:
+        """How many slots a step attends to: --memory-span, or with adaptive
+        spans what the widest head reaches; the memory kept is trimmed to it."""
+        masks = self._span_masks()
+        return max(mask.current_span() for mask in masks) if masks else self.span
+
+    def span_loss(self) -> Optional[Tensor]:
+        """The adaptive-span loss, or None."""
+        if not self.span_loss_coefficient:
+            return None
+        return self.span_loss_coefficient * sum(mask.loss() for mask in self._span_masks())
+
+    def clamp_spans(self):
+        for mask in self._span_masks():
+            mask.clamp_()
+
+    def keys_with_positions(self, keys: Tensor) -> Tensor:
+        """k_j + p_{t-j} for one step's window of keys [batch, heads, slots,
+        head_dim], its last slot the nearest: relative positions are key-side
+        embeddings shared by all layers and heads, so q.(k + p) = q.k + q.p adds
+        them to the keys. The table is sliced only while the window is shorter
+        than the span (each slice costs a gradient of the whole table)."""
+        table = self.key_positions
+        if table is None:
+            return keys
+        return keys + (table if keys.size(2) == self.span else table[-keys.size(2):])
+
+    def max_positions(self):
+        """Relative positions set no limit on the length; absolute ones do."""
+        return super().max_positions() if self.embed_positions is not None else sys.maxsize
+
+    # --- the encoder's keys and values ----------------------------------------------------------
+
+    def set_beam_size(self, beam_size):
+        super().set_beam_size(beam_size)
+        self.beam_size = beam_size
+
+    def _hypotheses_per_sentence(self, incremental_state, encoder_out) -> int:
+        """Beam search lays out each sentence's hypotheses as consecutive rows
+        with the same source: its encoder keys/values are needed once. The beam
+        size outlives the search that set it, so the layout is checked."""
+        beam = getattr(self, "beam_size", 1)
+        if incremental_state is None or beam == 1 or encoder_out is None or not encoder_out["encoder_out"]:
+            return 1
+        enc = encoder_out["encoder_out"][0]
+        src_len, rows, dim = enc.shape
+        grouped = rows % beam == 0 and bool((enc.view(src_len, -1, beam, dim) == enc[:, ::beam, None]).all())
+        return beam if grouped else 1
+
+    def _encoder_keys_values(self, encoder_out, hypotheses_per_sentence: int) -> Optional[Tensor]:
+        """Keys and values of the encoder output for every layer, projected once
+        per sentence: [layers, 2, sentences, heads, src_len, head_dim]."""
+        if encoder_out is None or len(encoder_out["encoder_out"]) == 0 or self.layers[0].encoder_attn is None:
+            return None
+        enc = encoder_out["encoder_out"][0][:, ::hypotheses_per_sentence]
+        return torch.stack([self.layers[i].encoder_keys_values(enc) for i in range(self.num_layers)])
+
+    @staticmethod
+    def _encoder_attention_mask(encoder_out, encoder_kv) -> Optional[Tensor]:
+        if encoder_kv is None or len(encoder_out.get("encoder_padding_mask", [])) == 0:
+            return None
+        padding = encoder_out["encoder_padding_mask"][0]
+        padding = padding[:: padding.size(0) // encoder_kv.size(2)]  # one row per sentence
+        bias = torch.zeros(padding.shape, dtype=encoder_kv.dtype, device=encoder_kv.device)
+        return bias.masked_fill_(padding, float("-inf"))[:, None, None, :]  # [batch, 1, 1, src_len]
+
+    def reorder_incremental_state(self, incremental_state: IncrementalState, new_order: Tensor):
+        """The encoder's keys and values; the memory's are reordered by the
+        modules that cache them (fairseq calls each module's reorder)."""
+        decoding = self.get_incremental_state(incremental_state, "decoding")
+        if decoding is None or decoding["encoder_keys_values"] is None:
+            return
+        encoder_kv, hypotheses = decoding["encoder_keys_values"], int(decoding["hypotheses_per_sentence"])
+        if hypotheses == 1:
+            encoder_kv = encoder_kv.index_select(2, new_order)
+        elif len(new_order) != encoder_kv.size(2) * hypotheses:
+            # stored per sentence: only a finished sentence changes it
+            encoder_kv = encoder_kv.index_select(2, new_order.view(-1, hypotheses)[:, 0] // hypotheses)
+        decoding["encoder_keys_values"] = encoder_kv
