@@ -65,6 +65,12 @@ class FeedbackConfig(FairseqDataclass):
         default=False,
         metadata={"help": "drop the feed-forward sublayers (with --persistent-vectors: all-attention layers)"},
     )
+    no_cuda_graphs: bool = field(
+        default=False,
+        metadata={"help": "on a GPU, run the feedback decoder's per-token loop eagerly instead of replaying it as "
+                          "captured CUDA graphs (the same numbers, many times slower; fairseq-generate and "
+                          "eval-lm: --model-overrides \"{'no_cuda_graphs': True}\")"},
+    )
 
 
 def decoder_config(args):

@@ -25,6 +25,7 @@ from ..modules.feedback_attention import MemoryView
 from ..modules.feedback_decoder_layer import FeedbackDecoderLayer
 from ..modules.feedback_memory import FeedbackMemory
 from ..modules.key_value_buffer import KeyValueBuffer
+from .graphed_loop import GraphedFeedbackLoop
 from .memory_decoder import IncrementalState, MemoryDecoder
 
 
@@ -37,6 +38,10 @@ class FeedbackDecoder(MemoryDecoder):
             shared_kv=not cfg.per_layer_kv, normalize_before=cfg.decoder.normalize_before,
             composition=cfg.memory_composition,
         )
+        # on a GPU the loop runs as captured CUDA graphs (GraphedFeedbackLoop),
+        # made at the first forward there
+        self.use_cuda_graphs = not cfg.no_cuda_graphs
+        self.graphed: Optional[GraphedFeedbackLoop] = None
 
     def decode(self, x, layers, encoder_kv, encoder_bias, incremental_state: Optional[IncrementalState] = None,
                stream_state: Optional[Dict[str, Tensor]] = None):
@@ -47,21 +52,31 @@ class FeedbackDecoder(MemoryDecoder):
         span = self.current_span()
         carried = None if stream_state is None else stream_state.get("memory")
         previous = carried if carried is not None else x.new_zeros(1, x.size(1), self.embed_dim)  # m_{-1}
-        buffer = self.memory.cached_keys_values(incremental_state)
-        if buffer is None:
-            kv = self.memory.project(previous[-span:])
-            buffer = KeyValueBuffer.empty(len(kv) + len(x), like=kv)
-            window = buffer.append(kv, span)
+        if self.graphed is None and self.use_cuda_graphs and x.is_cuda:
+            self.graphed = GraphedFeedbackLoop(capture=True)
+        if self.graphed is not None and incremental_state is None:
+            x, memories = self.graphed(self, x, previous[-span:], span, layers, encoder_kv, encoder_bias)
         else:
-            window = buffer.window(span)
-        x, memories = self.feedback_loop(x, buffer, window, span, layers, encoder_kv, encoder_bias)
-        self.memory.cache_keys_values(incremental_state, buffer)
+            buffer = self.memory.cached_keys_values(incremental_state)
+            if buffer is None:
+                buffer, window = self.start_memory(previous[-span:], len(x), span)
+            else:
+                window = buffer.window(span)
+            x, memories = self.feedback_loop(x, buffer, window, span, layers, encoder_kv, encoder_bias)
+            self.memory.cache_keys_values(incremental_state, buffer)
         if stream_state is not None:
             stream_state["memory"] = torch.cat([previous, memories])[-self.span:].detach()
         return x
 
+    def start_memory(self, initial: Tensor, steps: int, span: int) -> Tuple[KeyValueBuffer, Tuple[Tensor, ...]]:
+        """A buffer for `steps` steps after the memory vectors `initial`, and
+        the window of their keys and values that step 0 reads."""
+        kv = self.memory.project(initial)
+        buffer = KeyValueBuffer.empty(len(kv) + steps, like=kv)
+        return buffer, buffer.append(kv, span)
+
     def feedback_loop(self, x: Tensor, buffer: KeyValueBuffer, window: Tuple[Tensor, ...], span: int,
-                      layers: List[Optional[FeedbackDecoderLayer]], encoder_kv: List[Optional[Tensor]],
+                      layers: List[Optional[FeedbackDecoderLayer]], encoder_kv: Optional[Tensor],
                       encoder_bias: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
         """Section 3.3, one step at a time. `window`: the memory's keys and
         values that step 0 reads; each step appends the keys and values of its
@@ -71,19 +86,26 @@ class FeedbackDecoder(MemoryDecoder):
         span_masks = [None if layer is None else layer.self_attn.span_mask for layer in layers]
         span_biases = [None if mask is None else mask.bias(span) for mask in span_masks]
         persistent = [None if layer is None else layer.self_attn.persistent() for layer in layers]
+        encoder_kv = self.per_layer(encoder_kv, len(layers))
         outputs, memories = [], []
         for h in x.unbind(0):  # not x[t]: each index's backward fills a gradient of all of x
-            layer_kv = self.memory.layer_keys_values(window, self.keys_with_positions)
-            states = [h]
-            for i, layer in enumerate(layers):
-                if layer is not None:
-                    keys, values = layer_kv[i]
-                    bias = None if span_biases[i] is None else span_biases[i][..., -keys.size(2):]
-                    h = layer.forward_memory(h, MemoryView(keys, values, bias, persistent[i]), encoder_kv[i],
-                                             encoder_bias)
-                states.append(h)  # a left-out layer passes its input on
-            m = self.memory(states, weights)  # eq. 1
+            views = [MemoryView(keys, values, None if bias is None else bias[..., -keys.size(2):], vectors)
+                     for (keys, values), bias, vectors in zip(
+                         self.memory.layer_keys_values(window, self.keys_with_positions), span_biases, persistent)]
+            h, m = self.feedback_step(h, views, layers, encoder_kv, encoder_bias, weights)
             window = buffer.append(self.memory.project(m.unsqueeze(0)), span)
             outputs.append(h)
             memories.append(m)
         return torch.stack(outputs), torch.stack(memories)
+
+    def feedback_step(self, h: Tensor, views: List[MemoryView], layers: List[Optional[FeedbackDecoderLayer]],
+                      encoder_kv: List[Optional[Tensor]], encoder_bias: Optional[Tensor], weights: Tensor):
+        """One step t through every layer, each reading its view of the
+        memory: x_t^{l+1} = Layer_l(x_t^l, memory). Returns the top layer's
+        output and the step's memory vector m_t (eq. 1)."""
+        states = [h]
+        for layer, view, kv in zip(layers, views, encoder_kv):
+            if layer is not None:
+                h = layer.forward_memory(h, view, kv, encoder_bias)
+            states.append(h)  # a left-out layer passes its input on
+        return h, self.memory(states, weights)

@@ -44,14 +44,18 @@ class MemoryDecoder(TransformerDecoderBase):
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
         return FeedbackDecoderLayer(cfg, no_encoder_attn)
 
-    def decode(self, x: Tensor, layers: List[Optional[FeedbackDecoderLayer]], encoder_kv: List[Optional[Tensor]],
+    def decode(self, x: Tensor, layers: List[Optional[FeedbackDecoderLayer]], encoder_kv: Optional[Tensor],
                encoder_bias: Optional[Tensor], incremental_state: Optional[IncrementalState] = None,
                stream_state: Optional[Dict[str, Tensor]] = None) -> Tensor:
         """The layers on the embedded new tokens x ([time, batch, embed]);
         returns the top layer's outputs. `layers` holds None for a layer that
-        LayerDrop left out of this pass; `encoder_kv` each layer's encoder
-        keys and values (FeedbackDecoderLayer.encoder_keys_values)."""
+        LayerDrop left out of this pass; `encoder_kv` the encoder's keys and
+        values for every layer, [layers, 2, sentences, heads, src_len, head_dim]."""
         raise NotImplementedError
+
+    @staticmethod
+    def per_layer(encoder_kv: Optional[Tensor], layers: int) -> List[Optional[Tensor]]:
+        return [None] * layers if encoder_kv is None else list(encoder_kv.unbind())
 
     def embed(self, tokens: Tensor, positions: Optional[Tensor]) -> Tensor:
         """x^0: tokens [batch, time] -> [time, batch, embed], as fairseq's decoder embeds them."""
@@ -99,8 +103,7 @@ class MemoryDecoder(TransformerDecoderBase):
         else:
             encoder_kv = decoding["encoder_keys_values"]
         encoder_bias = self._encoder_attention_mask(encoder_out, encoder_kv)
-        layer_encoder_kv = [None] * self.num_layers if encoder_kv is None else list(encoder_kv.unbind())
-        x = self.decode(x, self._sampled_layers(), layer_encoder_kv, encoder_bias, incremental_state, stream_state)
+        x = self.decode(x, self._sampled_layers(), encoder_kv, encoder_bias, incremental_state, stream_state)
 
         if self.layer_norm is not None:
             x = self.layer_norm(x)

@@ -25,7 +25,7 @@ class TransformerXLDecoder(MemoryDecoder):
                stream_state: Optional[Dict[str, Tensor]] = None):
         span = self.current_span()
         carried = None if stream_state is None else stream_state.get("memory")  # [layers, slots, batch, embed]
-        inputs = []
+        inputs, encoder_kv = [], self.per_layer(encoder_kv, len(layers))
         for i, layer in enumerate(layers):
             inputs.append(x)
             if layer is None:  # left out by LayerDrop: passes its input on

@@ -1,0 +1,114 @@
+"""What CUDA-graph replay shares with the eager loop, checked on the CPU: the
+loop run at bucketed shapes (padded steps, rows and source positions, all
+masked) through the graphs' bookkeeping (static inputs, gradients handed to
+autograd) gives the eager loop's losses and gradients. Capture itself needs
+a GPU: tests marked `gpu` run there."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import make_dictionary, tiny_lm, tiny_translation_model
+from test_feedback_decoder import DEPTHS, batch
+
+from fairseq_feedback.models.graphed_loop import GraphedFeedbackLoop, bucket
+
+OPTIONS = {
+    "shared kv": [],
+    "per-layer kv, pre-norm": ["--per-layer-kv", "--decoder-normalize-before"],
+    "relative positions, adaptive span": ["--relative-positions", "--adaptive-span", "--adaptive-span-ramp", "2"],
+    "persistent vectors": ["--persistent-vectors", "2"],
+}
+
+
+def test_buckets_pad_little_and_are_few():
+    sizes = range(1, 2049)
+    assert all(n <= bucket(n) < n + max(8, n / 8) for n in sizes)
+    assert len({bucket(n) for n in sizes}) == 16 + 8 * 4  # multiples of 8 to 128, then 8 per doubling
+
+
+def loss_and_gradients(model, forward, target):
+    logits = forward()
+    loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), target.reshape(-1), reduction="sum")
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def assert_same(got, expected):
+    (got_loss, got_grads), (loss, grads) = got, expected
+    torch.testing.assert_close(got_loss, loss, atol=1e-5, rtol=1e-5)
+    assert got_grads.keys() == grads.keys()
+    for name in grads:
+        torch.testing.assert_close(got_grads[name], grads[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+@pytest.mark.parametrize("depth", DEPTHS.values(), ids=DEPTHS.keys())
+@pytest.mark.parametrize("flags", OPTIONS.values(), ids=OPTIONS.keys())
+def test_translation_at_bucketed_shapes_trains_as_the_eager_loop(flags, depth):
+    """3 rows, 5 source and 7 target tokens run padded to 8 x 8 x 8; the
+    second and third batches, of other contents (and one of another shape),
+    replay what the first captured, and the third accumulates its gradients
+    onto the second's as --update-freq does."""
+    model, d = tiny_translation_model("--memory-span", "4", "--decoder-layers", str(depth), "--dropout", "0", *flags)
+    model.train()
+    batches = [batch(d) for _ in range(2)] + [batch(d, rows=5, src_len=9, tgt_len=3)]
+    targets = [torch.randint(d.nspecial, len(d), prev.shape) for _, _, prev in batches]
+
+    def run(accumulate):
+        results = []
+        model.zero_grad()
+        for (src, src_lengths, prev), target in zip(batches, targets):
+            if not accumulate:
+                model.zero_grad()
+            results.append(loss_and_gradients(model, lambda: model(src, src_lengths, prev)[0], target))
+        return results
+
+    eager = run(accumulate=False) + run(accumulate=True)[-1:]
+    model.decoder.graphed = GraphedFeedbackLoop(capture=False)
+    graphed = run(accumulate=False) + run(accumulate=True)[-1:]
+    for got, expected in zip(graphed, eager):
+        assert_same(got, expected)
+    assert model.decoder.graphed.cache.captured == 2  # 8x8x8, and 8 rows x 8 x 16 source positions
+
+
+def test_layerdrop_at_bucketed_shapes_leaves_dropped_layers_without_gradients():
+    model, d = tiny_translation_model("--decoder-layerdrop", "0.5", "--decoder-layers", "6", "--dropout", "0")
+    model.train()
+    src, src_lengths, prev = batch(d)
+    target = torch.randint(d.nspecial, len(d), prev.shape)
+    results = []
+    for graphed in (None, GraphedFeedbackLoop(capture=False)):
+        model.decoder.graphed = graphed
+        model.zero_grad()
+        torch.manual_seed(1)  # the same layers left out both times
+        results.append(loss_and_gradients(model, lambda: model(src, src_lengths, prev)[0], target))
+    assert_same(*results)
+    trained = {name.split(".")[2] for name in results[0][1] if name.endswith("self_attn.q_proj.weight")}
+    assert 0 < len(trained) < 6
+
+
+@pytest.mark.parametrize("flags", [[], ["--per-layer-kv"], ["--adaptive-span", "--adaptive-span-ramp", "2"]],
+                         ids=["shared kv", "per-layer kv", "adaptive span"])
+def test_a_stream_at_bucketed_shapes_trains_as_the_eager_loop(flags):
+    """Three blocks of 3 streams, the memory carried: each block's loss and
+    gradients, and what evaluation gives without gradients."""
+    d = make_dictionary()
+    model, _ = tiny_lm("--memory-span", "10", *flags, dictionary=d)
+    tokens, target = torch.randint(d.nspecial, len(d), (2, 3, 21))
+
+    def run():
+        model.train()
+        results = []
+        for k, (block, block_target) in enumerate(zip(tokens.split(7, 1), target.split(7, 1))):
+            model.zero_grad()
+            results.append(loss_and_gradients(model, lambda: model(block, stream="train", block=k)[0], block_target))
+        model.eval()
+        with torch.no_grad():
+            results.append(torch.cat([model(b, stream="valid", block=k)[0] for k, b in enumerate(tokens.split(7, 1))]))
+        return results
+
+    *eager, eager_eval = run()
+    model.decoder.graphed = GraphedFeedbackLoop(capture=False)
+    *graphed, graphed_eval = run()
+    for got, expected in zip(graphed, eager):
+        assert_same(got, expected)
+    torch.testing.assert_close(graphed_eval, eager_eval, atol=1e-5, rtol=0)
