@@ -1,15 +1,20 @@
 """What CUDA-graph replay shares with the eager loop, checked on the CPU: the
 loop run at bucketed shapes (padded steps, rows and source positions, all
 masked) through the graphs' bookkeeping (static inputs, gradients handed to
-autograd) gives the eager loop's losses and gradients. Capture itself needs
-a GPU: tests marked `gpu` run there."""
+autograd) gives the eager loop's losses and gradients, and decoding over the
+static memory (a masked ring, reordered in place, moved between buckets)
+gives the eager beam search and sampling. Capture itself needs a GPU: tests
+marked `gpu` run there."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 from conftest import make_dictionary, tiny_lm, tiny_translation_model
+from fairseq import search as search_module
+from fairseq.sequence_generator import SequenceGenerator
 from test_feedback_decoder import DEPTHS, batch
 
+from fairseq_feedback.errors import FeedbackUsageError
 from fairseq_feedback.models.graphed_loop import GraphedFeedbackLoop, bucket
 
 OPTIONS = {
@@ -112,3 +117,101 @@ def test_a_stream_at_bucketed_shapes_trains_as_the_eager_loop(flags):
     for got, expected in zip(graphed, eager):
         assert_same(got, expected)
     torch.testing.assert_close(graphed_eval, eager_eval, atol=1e-5, rtol=0)
+
+
+DECODING = {
+    "shared kv": [],
+    "per-layer kv, pre-norm": ["--per-layer-kv", "--decoder-normalize-before"],
+    "relative positions, adaptive span": ["--relative-positions", "--adaptive-span", "--adaptive-span-ramp", "2"],
+    "persistent vectors, top-layer memory": ["--persistent-vectors", "2", "--memory-composition", "top"],
+}
+SPANS = {"span shorter than the output (the ring wraps)": 3, "span longer (the memory grows)": 40}
+
+
+def search(model, d, generator_args, sample, seed=0, reorders=None):
+    """fairseq's search; `reorders` collects the rows of each reorder."""
+    torch.manual_seed(seed)
+    generator = SequenceGenerator([model], d, **generator_args)
+    if reorders is not None:
+        def reorder(state, order, reorder=model.decoder.reorder_incremental_state):
+            reorders.append(len(order))
+            reorder(state, order)
+
+        model.decoder.reorder_incremental_state = reorder
+    try:
+        return generator.generate([model], sample, prefix_tokens=sample.get("prefix_tokens"))
+    finally:
+        model.decoder.__dict__.pop("reorder_incremental_state", None)
+
+
+def assert_same_hypotheses(got, expected):
+    for got_nbest, nbest in zip(got, expected):
+        assert len(got_nbest) == len(nbest)
+        for g, e in zip(got_nbest, nbest):
+            assert torch.equal(g["tokens"], e["tokens"])
+            torch.testing.assert_close(g["positional_scores"], e["positional_scores"], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("depth", DEPTHS.values(), ids=DEPTHS.keys())
+@pytest.mark.parametrize("span", SPANS.values(), ids=SPANS.keys())
+@pytest.mark.parametrize("flags", DECODING.values(), ids=DECODING.keys())
+def test_beam_search_over_the_static_memory_equals_the_eager_search(flags, span, depth):
+    """9 sentences, beam 5, up to 24 tokens: the rows start in a bucket of
+    16 sentences and move to one of 8 once a sentence finishes; the memory
+    grows past its first 16 slots, or wraps around a ring of span + 1."""
+    model, d = tiny_translation_model("--memory-span", str(span), "--decoder-layers", str(depth), *flags)
+    for layer in model.decoder.layers:
+        if layer.self_attn.span_mask is not None:
+            layer.self_attn.span_mask.span_fraction.data.uniform_(0.3, 0.8)
+    model.eval()
+    src, src_lengths, _ = batch(d, rows=9, src_len=6)
+    sample = {"net_input": {"src_tokens": src, "src_lengths": src_lengths}}
+    args = dict(beam_size=5, max_len_b=24)
+    eos = model.decoder.output_projection.weight.data[d.eos()]
+    for _ in range(30):  # a stronger EOS until some sentences finish before the others
+        rows = []
+        eager = search(model, d, args, sample, reorders=rows)
+        if len(set(rows)) > 1:
+            break
+        eos *= 1.15
+    else:
+        pytest.fail("sentences always ended together")
+    model.decoder.graphed = GraphedFeedbackLoop(capture=False)
+    graphed = search(model, d, args, sample)
+    assert_same_hypotheses(graphed, eager)
+    memories = model.decoder.graphed.memories
+    assert {capacity for _, capacity, _ in memories} == ({16, 32} if span > 16 else {span + 1})
+    assert {rows for rows, _, _ in memories} == {80, 40}, "the rows never moved to a smaller bucket"
+    # a second search reuses the static memories (and so, on a GPU, the graphs)
+    captured = model.decoder.graphed.cache.captured
+    assert_same_hypotheses(search(model, d, args, sample), eager)
+    assert model.decoder.graphed.cache.captured == captured
+
+
+@pytest.mark.parametrize("depth", DEPTHS.values(), ids=DEPTHS.keys())
+@pytest.mark.parametrize("flags", [[], ["--per-layer-kv"], ["--adaptive-span", "--adaptive-span-ramp", "2"]],
+                         ids=["shared kv", "per-layer kv", "adaptive span"])
+def test_sampling_a_language_model_over_the_static_memory_equals_eager_sampling(flags, depth):
+    d = make_dictionary()
+    model, _ = tiny_lm("--memory-span", "12", "--decoder-layers", str(depth), *flags, dictionary=d)
+    model.eval()
+    prompt = torch.randint(d.nspecial, len(d), (3, 4))
+    sample = {"net_input": {"src_tokens": prompt, "src_lengths": torch.full((3,), 4)}, "prefix_tokens": prompt}
+    args = dict(beam_size=1, search_strategy=search_module.Sampling(d), max_len_b=30, min_len=30)
+    eager = search(model, d, args, sample, seed=1)
+    model.decoder.graphed = GraphedFeedbackLoop(capture=False)
+    assert_same_hypotheses(search(model, d, args, sample, seed=1), eager)
+
+
+def test_interleaved_searches_stop_with_one_line():
+    model, d = tiny_translation_model()
+    model.eval()
+    model.decoder.graphed = GraphedFeedbackLoop(capture=False)
+    src, src_lengths, prev = batch(d)
+    encoder_out = model.encoder(src, src_lengths)
+    first, second = {}, {}
+    with torch.no_grad():
+        model.decoder(prev[:, :1], encoder_out=encoder_out, incremental_state=first)
+        model.decoder(prev[:, :1], encoder_out=encoder_out, incremental_state=second)
+        with pytest.raises(FeedbackUsageError, match="two searches interleaved"):
+            model.decoder(prev[:, :2], encoder_out=encoder_out, incremental_state=first)

@@ -56,6 +56,9 @@ class FeedbackDecoder(MemoryDecoder):
             self.graphed = GraphedFeedbackLoop(capture=True)
         if self.graphed is not None and incremental_state is None:
             x, memories = self.graphed(self, x, previous[-span:], span, layers, encoder_kv, encoder_bias)
+        elif self.graphed is not None and not torch.is_grad_enabled():  # decoding
+            return self.graphed.decode(self, x, span, layers, encoder_kv, encoder_bias, incremental_state,
+                                       self.hypotheses_per_sentence(incremental_state))
         else:
             buffer = self.memory.cached_keys_values(incremental_state)
             if buffer is None:
@@ -67,6 +70,11 @@ class FeedbackDecoder(MemoryDecoder):
         if stream_state is not None:
             stream_state["memory"] = torch.cat([previous, memories])[-self.span:].detach()
         return x
+
+    def reorder_incremental_state(self, incremental_state: IncrementalState, new_order: Tensor):
+        super().reorder_incremental_state(incremental_state, new_order)
+        if self.graphed is not None:
+            self.graphed.reorder(incremental_state, self, new_order, self.hypotheses_per_sentence(incremental_state))
 
     def start_memory(self, initial: Tensor, steps: int, span: int) -> Tuple[KeyValueBuffer, Tuple[Tensor, ...]]:
         """A buffer for `steps` steps after the memory vectors `initial`, and

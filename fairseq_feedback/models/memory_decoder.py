@@ -190,6 +190,10 @@ class MemoryDecoder(TransformerDecoderBase):
         bias = torch.zeros(padding.shape, dtype=encoder_kv.dtype, device=encoder_kv.device)
         return bias.masked_fill_(padding, float("-inf"))[:, None, None, :]  # [batch, 1, 1, src_len]
 
+    def hypotheses_per_sentence(self, incremental_state: IncrementalState) -> int:
+        """Rows that share one sentence's encoder keys/values (beam search's hypotheses), or 1."""
+        return int(self.get_incremental_state(incremental_state, "decoding")["hypotheses_per_sentence"])
+
     def reorder_incremental_state(self, incremental_state: IncrementalState, new_order: Tensor):
         """The encoder's keys and values; the memory's are reordered by the
         modules that cache them (fairseq calls each module's reorder)."""

@@ -31,11 +31,13 @@ class GraphedFunction:
     """fn(*inputs) -> tuple of outputs, for inputs shaped as `sample_inputs`:
     one graph for the forward and, when gradients are on, one for the
     backward, with respect to the inputs that require them and `params`.
-    Outputs are the graph's own buffers: read them before the next call."""
+    Outputs are the graph's own buffers: read them before the next call.
+    `state`: tensors that fn updates in place (a decoding cache), restored
+    after the runs that capturing takes."""
 
     def __init__(self, fn: Callable[..., Tuple[Tensor, ...]], sample_inputs: Sequence[Optional[Tensor]],
-                 params: Sequence[Tensor], pool=None):
-        self.fn, self.pool = fn, pool
+                 params: Sequence[Tensor], pool=None, state: Sequence[Tensor] = ()):
+        self.fn, self.pool, self.state = fn, pool, state
         self.inputs = [None if x is None else x.detach().clone().requires_grad_(x.requires_grad) for x in sample_inputs]
         self.params = [p for p in params if p.requires_grad] if torch.is_grad_enabled() else []
         self.grad_targets = [x for x in self.inputs if x is not None and x.requires_grad] + self.params
@@ -63,6 +65,7 @@ class GraphedFunction:
     def _capture(self):
         """Warm-up on a side stream (lazy initialisation stays out of the
         graphs), then the forward's graph, then the backward's."""
+        saved = [t.clone() for t in self.state]
         torch.cuda.synchronize()
         with torch.cuda.stream(torch.cuda.Stream()):
             self.outputs = self._forward()
@@ -77,6 +80,8 @@ class GraphedFunction:
             self.backward_graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(self.backward_graph, pool=self.pool, capture_error_mode="thread_local"):
                 self.grads = list(self._backward())
+        for t, before in zip(self.state, saved):
+            t.copy_(before)
 
     def __call__(self, *inputs: Optional[Tensor]) -> Tuple[Tensor, ...]:
         if self.training:
@@ -142,15 +147,21 @@ class GraphCache:
         self.graphs: "OrderedDict[Hashable, GraphedFunction]" = OrderedDict()
         self.captured = 0
 
-    def __call__(self, key: Hashable, fn, inputs: Sequence[Optional[Tensor]], params: Sequence[Tensor]):
+    def __call__(self, key: Hashable, fn, inputs: Sequence[Optional[Tensor]], params: Sequence[Tensor] = (),
+                 state: Sequence[Tensor] = ()):
         graphed = self.graphs.get(key)
         if graphed is None:
             if len(self.graphs) >= self.size:
                 self.graphs.popitem(last=False)
-            graphed = self.graphs[key] = GraphedFunction(fn, inputs, params, self.pool)
+            graphed = self.graphs[key] = GraphedFunction(fn, inputs, params, self.pool, state)
             self.captured += 1
             if self.pool is not None:
                 logger.info(f"{self.name}: captured CUDA graph {self.captured} for {key} "
                             f"({len(self.graphs)} cached, at most {self.size})")
         self.graphs.move_to_end(key)
         return graphed(*inputs)
+
+    def forget(self, captured_over: Callable[[Hashable], bool]) -> None:
+        """Drops the graphs whose key says they were captured over buffers that are gone."""
+        for key in [key for key in self.graphs if captured_over(key)]:
+            del self.graphs[key]
