@@ -3,9 +3,9 @@
 Every script follows the same shape: find the raw files (download the official
 archives, or take them from --raw), run a few text-processing steps in a work
 dir, and binarize with fairseq-preprocess into the dest dir.  Each step builds
-into `<path>.tmp` and is renamed into place with a marker only when complete,
-so an interrupted run never leaves anything that looks finished and a rerun
-resumes at the first unfinished step.
+into `<path>.tmp` and is renamed into place with a marker only when complete
+(data_prep.files), so an interrupted run never leaves anything that looks
+finished and a rerun resumes at the first unfinished step.
 """
 
 import argparse
@@ -27,17 +27,14 @@ import zipfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, Iterable, Iterator, List, NoReturn, Optional, Sequence
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence
 
 from tqdm import tqdm
 
+from data_prep.files import atomic_folder, fail
+
 DONE = ".done"
 SETTINGS_FILE = "data_prep.json"
-
-
-def fail(message: str) -> NoReturn:
-    """A user-facing error: one line on stderr, non-zero exit, no traceback."""
-    raise SystemExit(f"error: {message}")
 
 
 def log(message: str) -> None:
@@ -262,13 +259,9 @@ def step(path: Path, build: Callable[[Path], None], settings: dict) -> Path:
         log(f"skip {path.name}: already done ({path})")
         return path
     log(f"making {path} ...")
-    tmp = path.with_name(path.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    build(tmp)
-    (tmp / DONE).write_text(stamp)
-    shutil.rmtree(path, ignore_errors=True)
-    tmp.rename(path)
+    with atomic_folder(path) as tmp:
+        build(tmp)
+        (tmp / DONE).write_text(stamp)
     return path
 
 
@@ -290,22 +283,18 @@ def dest_is_done(dest: Path, settings: dict) -> bool:
 
 def binarize(dest: Path, settings: dict, preprocess_args: List[str], workers: int,
              extra_files: Sequence[Path] = ()) -> None:
-    """Run fairseq-preprocess into dest.tmp, then rename it to dest."""
-    tmp = dest.with_name(dest.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.parent.mkdir(parents=True, exist_ok=True)
-    # the same interpreter as ours, so the fairseq we were installed with
-    cmd = [sys.executable, "-m", "fairseq_cli.preprocess", *preprocess_args,
-           "--destdir", str(tmp), "--workers", str(workers)]
-    log("running fairseq-preprocess ...")
-    rc = subprocess.run(cmd).returncode
-    if rc != 0:
-        fail(f"fairseq-preprocess failed with exit status {rc} (its messages are above)")
-    for f in extra_files:
-        shutil.copy2(f, tmp / f.name)
-    (tmp / SETTINGS_FILE).write_text(json.dumps(settings, indent=1, sort_keys=True) + "\n")
-    shutil.rmtree(dest, ignore_errors=True)
-    tmp.rename(dest)
+    """Run fairseq-preprocess into a folder that becomes dest when complete."""
+    with atomic_folder(dest) as tmp:
+        # the same interpreter as ours, so the fairseq we were installed with
+        cmd = [sys.executable, "-m", "fairseq_cli.preprocess", *preprocess_args,
+               "--destdir", str(tmp), "--workers", str(workers)]
+        log("running fairseq-preprocess ...")
+        rc = subprocess.run(cmd).returncode
+        if rc != 0:
+            fail(f"fairseq-preprocess failed with exit status {rc} (its messages are above)")
+        for f in extra_files:
+            shutil.copy2(f, tmp / f.name)
+        (tmp / SETTINGS_FILE).write_text(json.dumps(settings, indent=1, sort_keys=True) + "\n")
     log(f"done: {dest}")
 
 

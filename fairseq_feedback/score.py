@@ -45,15 +45,13 @@ import re
 import sys
 from typing import Dict, List, Optional, Tuple
 
+from data_prep.files import fail
+
 METRICS = ("bleu", "bleu-compound-split", "sacrebleu", "rouge")
 _COMPOUND = re.compile(r"(\S)-(\S)")
 _GEN_LINE = re.compile(r"([HT])-(\d+)\t(.*)")
 _SEG = re.compile(r"<seg[^>]*>(.*)</seg>")
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=\S)")
-
-
-def fail(message: str):
-    raise SystemExit(f"error: {message}")
 
 
 def compound_split(line: str) -> str:

@@ -253,7 +253,7 @@ def test_wikitext_downloaded(tmp_path, monkeypatch, server):
 
     def preprocess_dies_half_way(cmd, **kwargs):
         out = Path(cmd[cmd.index("--destdir") + 1])
-        out.mkdir(parents=True)
+        out.mkdir(parents=True, exist_ok=True)
         (out / "train.bin").write_bytes(b"half")
         return subprocess.CompletedProcess(cmd, 1)
 

@@ -518,6 +518,16 @@ def test_average_errors_are_one_line_and_write_nothing(tmp_path):
     assert not out.exists() and not list(tmp_path.glob("*.tmp"))
 
 
+def test_the_average_gets_the_umasks_permissions(tmp_path):
+    _checkpoint(tmp_path / "a.pt", seed=1)
+    previous = os.umask(0o022)
+    try:
+        average("--inputs", tmp_path / "a.pt", "--output", tmp_path / "avg.pt")
+    finally:
+        os.umask(previous)
+    assert os.stat(tmp_path / "avg.pt").st_mode & 0o777 == 0o644  # as torch.save would have made it
+
+
 class Payload:
     def __reduce__(self):
         return (os.system, ("echo this checkpoint ran code",))
