@@ -13,7 +13,7 @@ if __package__ in (None, ""):  # run as a file: make the data_prep package impor
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from data_prep.common import (Archive, apply_bpe, clean_corpus, learn_bpe, prepare_translation, read_lines, run_cli,
-                              sgm_segments, tokenize, write_lines)
+                              sgm_segments, tokenize, translation_parser, write_lines)
 
 NAME = "iwslt14_de_en"
 LANGS = ("de", "en")
@@ -63,7 +63,8 @@ def make_bpe(out: Path, text: Path, merges: int, workers: int) -> None:
 
 
 def main(argv=None) -> None:
-    prepare_translation(NAME, __doc__, ARCHIVES, make_text, make_bpe, "de", "en", default_merges=10000, argv=argv)
+    args = translation_parser(NAME, __doc__, default_merges=10000).parse_args(argv)
+    prepare_translation(args, NAME, list(ARCHIVES.values()), make_text, make_bpe, "de", "en")
 
 
 if __name__ == "__main__":

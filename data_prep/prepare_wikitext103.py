@@ -10,7 +10,8 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a file: make the data_prep package importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from data_prep.common import Archive, binarize, dest_is_done, gather_inputs, make_parser, resolve_dirs, run_cli
+from data_prep.common import (Archive, binarize, describe_sources, dest_is_done, gather_inputs, make_parser,
+                              resolve_dirs, run_cli)
 
 NAME = "wikitext103"
 FILES = {split: f"wikitext-103/wiki.{split}.tokens" for split in ("train", "valid", "test")}
@@ -29,10 +30,11 @@ ARCHIVES = {
 def main(argv=None) -> None:
     args = make_parser(NAME, __doc__).parse_args(argv)
     resolve_dirs(args)
-    settings = {"dataset": NAME}
+    archives = list(ARCHIVES.values())
+    settings = {"dataset": NAME, "sources": describe_sources(archives, args.raw)}
     if dest_is_done(args.dest, settings):
         return
-    files = gather_inputs(list(ARCHIVES.values()), args.raw, args.work)
+    files = gather_inputs(archives, args.raw, args.work)
     binarize(args.dest, settings,
              ["--only-source", "--trainpref", str(files[FILES["train"]]),
               "--validpref", str(files[FILES["valid"]]), "--testpref", str(files[FILES["test"]])],

@@ -14,7 +14,7 @@ if __package__ in (None, ""):  # run as a file: make the data_prep package impor
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from data_prep.common import (Archive, apply_bpe, clean_corpus, learn_bpe, prepare_translation, read_lines, run_cli,
-                              sgm_segments, tokenize, write_lines)
+                              sgm_segments, tokenize, translation_parser, write_lines)
 
 NAME = "wmt14_en_de"
 SRC, TGT = "en", "de"
@@ -94,7 +94,8 @@ def make_bpe(out: Path, text: Path, merges: int, workers: int) -> None:
 
 
 def main(argv=None) -> None:
-    prepare_translation(NAME, __doc__, ARCHIVES, make_text, make_bpe, SRC, TGT, default_merges=32000, argv=argv)
+    args = translation_parser(NAME, __doc__, default_merges=32000).parse_args(argv)
+    prepare_translation(args, NAME, list(ARCHIVES.values()), make_text, make_bpe, SRC, TGT)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ import dataclasses
 import hashlib
 import http.server
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -98,6 +99,27 @@ def test_iwslt_interrupted_resumed_and_rerun(tmp_path, monkeypatch):
     assert {f.name: f.stat().st_mtime_ns for f in dest.iterdir()} == before
 
     assert "bpe_merges: 300 -> 100" in error_of(iwslt, *args[:-1], 100)
+
+
+def test_a_rerun_on_other_raw_files_never_reuses_what_the_old_ones_made(tmp_path):
+    raw = tmp_path / "raw"
+    fx.write_iwslt(raw)
+    args = ["--raw", raw, *dirs(tmp_path), "--bpe-merges", 300]
+    dest, text = tmp_path / "data-bin" / "out", tmp_path / "work" / "text"
+    run(iwslt, *args)
+    assert "garden" in (text / "train.en").read_text()
+
+    # the same talks with another word, written over the raw files
+    for f in (raw / "de-en").iterdir():
+        f.write_text(f.read_text().replace("garden", "orchard").replace("garten", "hof"))
+    message = error_of(iwslt, *args)  # the dest was made from the old files: refused, never kept as done
+    assert "sources: de-en/IWSLT14.TED.dev2010.de-en.de.xml" in message and "more changed" in message
+
+    shutil.rmtree(dest)
+    run(iwslt, *args)
+    made = (text / "train.en").read_text() + (text / "valid.en").read_text()
+    assert "orchard" in made and "garden" not in made
+    assert "garden" not in Dictionary.load(str(dest / "dict.en.txt"))
 
 
 @pytest.fixture
