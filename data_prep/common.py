@@ -36,6 +36,7 @@ from data_prep.files import atomic_folder, fail
 
 DONE = ".done"
 SETTINGS_FILE = "data_prep.json"
+SPLITS = ("train", "valid", "test")
 
 
 def log(message: str) -> None:
@@ -520,4 +521,15 @@ def prepare_translation(args: argparse.Namespace, name: str, archives: Sequence[
              ["--source-lang", source, "--target-lang", target, "--joined-dictionary",
               "--trainpref", str(bpe / "train"), "--validpref", str(bpe / "valid"), "--testpref", str(bpe / "test")],
              args.workers, extra_files=[bpe / "code"])
+    log_counts(name, "sentence pairs", {split: count_lines(bpe / f"{split}.{source}") for split in SPLITS})
 
+
+def count_lines(path: Path) -> int:
+    with open(path, "rb") as f:
+        return sum(block.count(b"\n") for block in iter(lambda: f.read(1 << 20), b""))
+
+
+def log_counts(name: str, what: str, counts: Dict[str, int]) -> None:
+    """The size of each split made, to compare with fairseq's on the official archives."""
+    log(f"{what}: " + ", ".join(f"{split} {n:,}" for split, n in counts.items())
+        + f" (the official archives give: examples/{name}/README.md)")

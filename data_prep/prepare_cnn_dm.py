@@ -19,8 +19,9 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a file: make the data_prep package importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from data_prep.common import (Archive, binarize, describe_sources, dest_is_done, fail, gather_inputs, identity, log,
-                              make_parser, pmap, read_lines, read_pairs, resolve_dirs, run_cli, step)
+from data_prep.common import (Archive, binarize, count_lines, describe_sources, dest_is_done, fail, gather_inputs,
+                              identity, log, log_counts, make_parser, pmap, read_lines, read_pairs, resolve_dirs,
+                              run_cli, step)
 
 NAME = "cnn_dm"
 SPLITS = {"train": "train", "valid": "val", "test": "test"}  # ours -> the url lists' / line files' names
@@ -173,6 +174,7 @@ def main(argv=None) -> None:
               "--trainpref", str(pieces / "train"), "--validpref", str(pieces / "valid"),
               "--testpref", str(pieces / "test")],
              args.workers, extra_files=[pieces / SPM_MODEL])
+    log_counts(NAME, "article-summary pairs", {split: count_lines(pieces / f"{split}.source") for split in SPLITS})
 
 
 if __name__ == "__main__":

@@ -210,6 +210,13 @@ def test_cnn_dm_line_files(tmp_path):
     assert {len(a.split()) for a in lines(tmp_path / "work" / "text" / "train.source")} == {400}
 
 
+def test_cnn_dm_counts_what_it_made(tmp_path, capfd):  # capfd: sentencepiece writes to the real stderr
+    counts = fx.write_cnn_dm_lines(tmp_path / "raw")
+    run(cnn, "--raw", tmp_path / "raw", *dirs(tmp_path), "--vocab-size", 200)
+    assert (f"article-summary pairs: train {counts['train']}, valid {counts['valid']}, test {counts['test']} "
+            "(the official archives give: examples/cnn_dm/README.md)") in capfd.readouterr().err
+
+
 def test_cnn_dm_missing_files_are_named(tmp_path):
     fx.write_cnn_dm(tmp_path / "raw")
     (tmp_path / "raw" / "url_lists" / "all_val.txt").unlink()
@@ -293,6 +300,22 @@ def test_wikitext_downloaded(tmp_path, monkeypatch, server):
         assert len(data_utils.load_indexed_dataset(str(dest / split), d)) == n
     assert "known" in d and "@-@" in d and d.index("<unk>") == d.unk()
     assert not (dest.parent / "out.tmp").exists() and _Server.ranges == [None]
+
+
+def test_wikitext_counts_lines_and_tokens_as_fairseq(tmp_path, capsys):
+    counts = fx.write_wikitext(tmp_path / "raw")
+    run(wiki, "--raw", tmp_path / "raw", *dirs(tmp_path))
+    tokens = {split: sum(len(line.split()) + 1 for line in lines(tmp_path / "raw" / "wikitext-103" /
+                                                                 f"wiki.{split}.tokens"))
+              for split in counts}
+    d = Dictionary.load(str(tmp_path / "data-bin" / "out" / "dict.txt"))
+    datasets = {split: data_utils.load_indexed_dataset(str(tmp_path / "data-bin" / "out" / split), d)
+                for split in counts}
+    binarized = {split: int(dataset.sizes.sum()) for split, dataset in datasets.items()}
+    assert binarized == tokens  # fairseq's count: what fairseq-eval-lm reports as evaluated tokens
+    err = capsys.readouterr().err
+    assert f"lines: train {counts['train']:,}, valid {counts['valid']:,}, test {counts['test']:,}" in err
+    assert f"tokens: train {tokens['train']:,}, valid {tokens['valid']:,}, test {tokens['test']:,}" in err
 
 
 def test_wikitext_missing_file_is_named(tmp_path):
