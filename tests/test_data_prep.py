@@ -101,6 +101,25 @@ def test_iwslt_interrupted_resumed_and_rerun(tmp_path, monkeypatch):
     assert "bpe_merges: 300 -> 100" in error_of(iwslt, *args[:-1], 100)
 
 
+def test_iwslt_keeps_what_fairseqs_script_keeps_and_counts_it(tmp_path, capsys):
+    counts = fx.write_iwslt(tmp_path / "raw")
+    run(iwslt, "--raw", tmp_path / "raw", *dirs(tmp_path), "--bpe-merges", 300)
+    text = tmp_path / "work" / "text"
+    pairs = list(zip(lines(text / "train.de") + lines(text / "valid.de"),
+                     lines(text / "train.en") + lines(text / "valid.en")))
+    english = [e for _, e in pairs]
+    # <title> and <description> keep their text, without the tags
+    assert "person 1 : a talk in en" in english
+    assert "ted talk subtitles and transcript : talk 2 ( en )" in english
+    assert not any("&lt; title" in e or "&lt; speaker" in e or "reviewer" in e or "talkid" in e for e in english)
+    # a sentence that begins with "<" is a sentence, and stays beside its translation
+    (de, en), = [p for p in pairs if p[1].startswith("&lt; 3 ")]
+    assert len(en.split()) == len(de.split()) + 2  # the fixture's pairs have as many words on each side
+    check_translation(tmp_path / "data-bin" / "out", "de", "en", counts)
+    assert (f"sentence pairs: train {counts['train']}, valid {counts['valid']}, test {counts['test']} "
+            "(the official archives give: examples/iwslt14_de_en/README.md)") in capsys.readouterr().err
+
+
 def test_a_rerun_on_other_raw_files_never_reuses_what_the_old_ones_made(tmp_path):
     raw = tmp_path / "raw"
     fx.write_iwslt(raw)
