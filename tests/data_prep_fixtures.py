@@ -124,12 +124,12 @@ def _sgm(setid: str, lang: str, sysid: str, segs) -> list:
             + ["</p>", "</doc>", "</srcset>" if sysid == "src" else "</refset>"])
 
 
-def write_wmt(root: Path) -> dict:
+def write_wmt(root: Path, news_commentary: str = "v9") -> dict:
     """root/ as the five statmt.org archives extracted side by side."""
     rng = random.Random(2014)
     n_train = dropped = 0
     for prefix, n in (("training/europarl-v7.de-en", 25), ("commoncrawl.de-en", 15),
-                      ("training/news-commentary-v9.de-en", 10)):
+                      (f"training/news-commentary-{news_commentary}.de-en", 10)):
         pairs = list(parallel(rng, n))
         if prefix == "commoncrawl.de-en":
             pairs[3] = ("Ja.", pairs[3][1])  # ratio: dropped

@@ -3,6 +3,7 @@
 import dataclasses
 import hashlib
 import http.server
+import json
 import os
 import shutil
 import subprocess
@@ -195,6 +196,24 @@ def test_wmt(tmp_path):
     assert "gut @-@ bekanntes" in (text / "train.de").read_text()  # – normalized first
     assert "&quot; well" in (text / "train.en").read_text()  # “ normalized, then escaped
     assert lines(text / "test.en")[0].startswith("It &apos;s ")
+
+
+def test_wmt_takes_news_commentary_v12_and_says_so(tmp_path, capsys):
+    raw = tmp_path / "raw"
+    counts = fx.write_wmt(raw, news_commentary="v12")  # fairseq's script's default
+    run(wmt, "--raw", raw, *dirs(tmp_path), "--bpe-merges", 500)
+    dest = tmp_path / "data-bin" / "out"
+    check_translation(dest, "en", "de", counts)
+    assert json.loads((dest / common.SETTINGS_FILE).read_text())["news_commentary"] == "v12"
+    err = capsys.readouterr().err
+    assert "News Commentary v12 (training-parallel-nc-v12.tgz" in err
+    assert f"sentence pairs: train {counts['train']}, valid {counts['valid']}, test {counts['test']} " in err
+
+    fx.write_wmt(raw)  # v9 beside it: which one is meant?
+    assert "--news-commentary" in error_of(wmt, "--raw", raw, *dirs(tmp_path / "both"))
+    fx.write_wmt(tmp_path / "v12-only", news_commentary="v12")
+    assert "training-parallel-nc-v9.tgz" in error_of(wmt, "--raw", tmp_path / "v12-only", "--news-commentary", "v9",
+                                                     *dirs(tmp_path / "v9"))
 
 
 # ----------------------------------------------------------- CNN-DailyMail
