@@ -676,6 +676,41 @@ def test_several_outputs_are_ranked_best_first(tmp_path, capsys):
     assert float(lines[0].split("\t")[0]) == 100.0 > float(lines[1].split("\t")[0])
 
 
+def cut(path: Path, lines: int) -> Path:
+    """What a fairseq-generate run killed after writing `lines` lines leaves."""
+    path.write_text("".join(path.read_text().splitlines(keepends=True)[:lines]))
+    return path
+
+
+def test_an_output_cut_short_is_refused_unless_a_subset_is_asked_for(tmp_path, capsys):
+    pairs = [("a b c d", "a b c d"), ("e f g h", "e f x h"), ("i j k l", "i j k l")]
+    gen = cut(generate_output(tmp_path / "gen.out", pairs, order=[1, 2, 0]), 10)  # sentences 1 and 2 only
+    message = error_of(score, "--metric", "bleu", "--gen", gen)
+    assert "closing line" in message and "--allow-subset" in message
+    score("--metric", "bleu", "--gen", gen, "--allow-subset")
+    captured = capsys.readouterr()
+    assert "of 2 sentences" in captured.out and "scoring the 2 sentences it has, of 3 or more" in captured.err
+    # and in a tuning run: the half-written output is not ranked first, the run stops naming it
+    complete = generate_output(tmp_path / "complete.out", [("a b c d", "a b c d"), ("e f g h", "e f x h"),
+                                                           ("i j k l", "i j k x")])
+    assert str(gen) in error_of(score, "--metric", "bleu", "--gen", complete, gen)
+    assert capsys.readouterr().out == ""
+
+
+def test_sentences_fairseq_left_out_are_named(tmp_path, capsys):
+    pairs = [("a b c d", "a b c d")] * 4
+    gen = generate_output(tmp_path / "gen.out", pairs, order=[0, 1, 3])  # a batch dropped: sentence 2
+    assert "none for sentences 2" in error_of(score, "--metric", "bleu", "--gen", gen)
+    # the split's size, as fairseq logs it when loading the split, reveals a missing last sentence too
+    logged = tmp_path / "logged.out"
+    logged.write_text("2024-01-01 00:00:00 | INFO | fairseq.tasks.translation | data-bin/x test de-en 5 examples\n"
+                      + generate_output(tmp_path / "all4.out", pairs).read_text())
+    message = error_of(score, "--metric", "bleu", "--gen", logged)
+    assert "the split has 5 sentences (none for sentences 4)" in message and "--required-batch-size" in message
+    score("--metric", "bleu", "--gen", logged, "--allow-subset", "--quiet")
+    assert capsys.readouterr().out.strip() == "100.00"
+
+
 def test_score_errors_are_one_line(tmp_path):
     gen = generate_output(tmp_path / "gen.out", [("a b", "a b"), ("c d", "c d")])
     three = tmp_path / "three.txt"
