@@ -61,8 +61,9 @@ METRICS = ("bleu", "bleu-compound-split", "sacrebleu", "rouge")
 _COMPOUND = re.compile(r"(\S)-(\S)")
 _GEN_LINE = re.compile(r"([HT])-(\d+)\t(.*)")
 _CLOSING_LINE = re.compile(r"Generate \S+ with beam=\d+: ")
-# fairseq's translation task, loading the split: "{data} {split} {src}-{tgt} {N} examples"
-_SPLIT_SIZE = re.compile(r"\| fairseq\.tasks\.translation \| .* (\S+) \S+-\S+ (\d+) examples$")
+# fairseq's translation task logs "{data} {split} {src}-{tgt} {N} examples" as it loads the split (into
+# the output when its logging goes there: fairseq's format "... | fairseq.tasks.translation | ...", or Python's)
+_SPLIT_SIZE = re.compile(r"fairseq\.tasks\.translation\W.* (\S+) \S+-\S+ (\d+) examples$")
 _REGENERATE = ("rerun fairseq-generate with --required-batch-size-multiple 1 (without it fairseq drops a last "
                "batch smaller than 8) and without --skip-invalid-size-inputs-valid-test")
 _SEG = re.compile(r"<seg[^>]*>(.*)</seg>")
