@@ -33,7 +33,7 @@ Metrics:
                        after . ! or ?, as ROUGE-1.5.5 scores multi-sentence
                        summaries; the sentence-level rougeL is printed beside it.
 
-A score is never of part of a test set without saying so. A --gen file must
+A score covers the whole test set unless it says otherwise. A --gen file must
 show that fairseq-generate finished (its closing line, `Generate <split> with
 beam=...`, printed after the last sentence) and hold a hypothesis for every
 sentence of the split: ids 0..N-1, N being the lines of --ref, else the
