@@ -3,9 +3,9 @@
 Every script follows the same shape: find the raw files (download the official
 archives, or take them from --raw), run a few text-processing steps in a work
 dir, and binarize with fairseq-preprocess into the dest dir.  Each step builds
-into `<path>.tmp` and is renamed into place with a marker only when complete,
-so an interrupted run never leaves anything that looks finished and a rerun
-resumes at the first unfinished step.
+into `<path>.tmp` and is renamed into place with a marker only when complete
+(data_prep.files), so an interrupted run never leaves anything that looks
+finished and a rerun resumes at the first unfinished step.
 """
 
 import argparse
@@ -16,6 +16,7 @@ import http.client
 import itertools
 import json
 import multiprocessing
+import os
 import re
 import shutil
 import subprocess
@@ -27,17 +28,15 @@ import zipfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, Iterable, Iterator, List, NoReturn, Optional, Sequence
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence
 
 from tqdm import tqdm
 
+from data_prep.files import atomic_folder, fail
+
 DONE = ".done"
 SETTINGS_FILE = "data_prep.json"
-
-
-def fail(message: str) -> NoReturn:
-    """A user-facing error: one line on stderr, non-zero exit, no traceback."""
-    raise SystemExit(f"error: {message}")
+SPLITS = ("train", "valid", "test")
 
 
 def log(message: str) -> None:
@@ -209,6 +208,50 @@ def _locate_extracted(raw: Path, member: str) -> Optional[Path]:
     return None
 
 
+def in_raw(archive: Archive, raw: Optional[Path]) -> Optional[Dict[str, Path]]:
+    """The archive's members already extracted into --raw, or None when one is not there."""
+    if raw is None:
+        return None
+    hits = {m: _locate_extracted(raw, m) for m in archive.members}
+    return hits if all(hits.values()) else None
+
+
+def identity(path: Path) -> dict:
+    """How a done marker knows an input again: its path, size and modification
+    time (a folder: a digest of its files' names, sizes and times).
+
+    Not a hash of the content: the inputs are gigabytes (or 300k files) that
+    every rerun would read again, while whatever rewrites a file gives it a
+    new modification time.
+    """
+    if not path.is_dir():
+        st = path.stat()
+        return {"path": str(path), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
+    listing, count = hashlib.sha1(), 0
+    for root, dirs, names in os.walk(path):
+        dirs.sort()
+        for name in sorted(names):
+            st = os.stat(os.path.join(root, name))
+            listing.update(f"{os.path.relpath(os.path.join(root, name), path)}\t{st.st_size}\t"
+                           f"{st.st_mtime_ns}\n".encode())
+            count += 1
+    return {"path": str(path), "files": count, "listing_sha1": listing.hexdigest()}
+
+
+def describe_sources(archives: Sequence[Archive], raw: Optional[Path]) -> Dict[str, object]:
+    """What the dataset is made from, for the done markers, without downloading
+    anything: each file read in place from --raw by its identity(), each
+    archive by its checksum (it is verified before use, so that names its content)."""
+    sources = {}
+    for archive in archives:
+        found = in_raw(archive, raw)
+        if found is None:
+            sources[archive.filename] = archive.checksum
+        else:
+            sources.update({m: identity(p) for m, p in found.items()})
+    return sources
+
+
 def gather_inputs(archives: Sequence[Archive], raw: Optional[Path], work: Path) -> Dict[str, Path]:
     """Map every member of every archive to a readable path.
 
@@ -218,12 +261,12 @@ def gather_inputs(archives: Sequence[Archive], raw: Optional[Path], work: Path) 
     """
     paths = {}
     for archive in archives:
+        found = in_raw(archive, raw)
+        if found is not None:
+            paths.update(found)
+            continue
         if raw is not None:
-            hits = {m: _locate_extracted(raw, m) for m in archive.members}
-            if all(hits.values()):
-                paths.update(hits)
-                continue
-            missing = next(m for m, p in hits.items() if p is None)
+            missing = next(m for m in archive.members if _locate_extracted(raw, m) is None)
             path = raw / archive.filename
             if archive.plain:
                 fail(f"{raw} has no {missing}")
@@ -250,30 +293,44 @@ def gather_inputs(archives: Sequence[Archive], raw: Optional[Path], work: Path) 
 # -------------------------------------------------------------------- steps
 
 
-def step(path: Path, build: Callable[[Path], None], settings: dict) -> Path:
-    """The folder `path`, built by build(tmp_folder) unless already built with these settings.
+def step(path: Path, build: Callable[[Path], None], made_from: dict) -> Path:
+    """The folder `path`, built by build(tmp_folder) unless already built from the same `made_from`.
 
-    Pass to a step the settings of the steps it reads from as well, so a
-    change anywhere upstream rebuilds everything after it.
+    `made_from` holds every option that shapes the output and the identities
+    of the inputs (describe_sources); pass a step those of the steps it reads
+    from as well, so a change anywhere upstream rebuilds everything after it.
     """
-    stamp = json.dumps(settings, sort_keys=True)
+    stamp = json.dumps(made_from, sort_keys=True)
     marker = path / DONE
     if marker.exists() and marker.read_text() == stamp:
         log(f"skip {path.name}: already done ({path})")
         return path
     log(f"making {path} ...")
-    tmp = path.with_name(path.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    build(tmp)
-    (tmp / DONE).write_text(stamp)
-    shutil.rmtree(path, ignore_errors=True)
-    tmp.rename(path)
+    with atomic_folder(path) as tmp:
+        build(tmp)
+        (tmp / DONE).write_text(stamp)
     return path
 
 
+def _names(keys: Sequence[str]) -> str:
+    keys = sorted(keys)
+    return ", ".join(keys[:3]) + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
+
+
+def _differences(old: dict, new: dict) -> Iterator[str]:
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if a == b:
+            continue
+        if isinstance(a, dict) or isinstance(b, dict):  # the sources: name what changed, not the whole record
+            a, b = (x if isinstance(x, dict) else {} for x in (a, b))
+            yield f"{key}: {_names([k for k in set(a) | set(b) if a.get(k) != b.get(k)])} changed"
+        else:
+            yield f"{key}: {a} -> {b}"
+
+
 def dest_is_done(dest: Path, settings: dict) -> bool:
-    """True when dest was already made with these settings (a rerun then has nothing to do)."""
+    """True when dest was already made from these settings and sources (a rerun then has nothing to do)."""
     f = dest / SETTINGS_FILE
     if not dest.exists():
         return False
@@ -281,31 +338,26 @@ def dest_is_done(dest: Path, settings: dict) -> bool:
         fail(f"{dest} exists but was not made by this script; move it away or pass another --dest")
     old = json.loads(f.read_text())
     if old != settings:
-        diff = ", ".join(f"{k}: {old.get(k)} -> {settings.get(k)}"
-                         for k in sorted(set(old) | set(settings)) if old.get(k) != settings.get(k))
-        fail(f"{dest} was made with other settings ({diff}); delete it or pass another --dest")
+        fail(f"{dest} was made from other settings or inputs ({', '.join(_differences(old, settings))}); "
+             "delete it or pass another --dest")
     log(f"{dest} is complete already; nothing to do")
     return True
 
 
 def binarize(dest: Path, settings: dict, preprocess_args: List[str], workers: int,
              extra_files: Sequence[Path] = ()) -> None:
-    """Run fairseq-preprocess into dest.tmp, then rename it to dest."""
-    tmp = dest.with_name(dest.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.parent.mkdir(parents=True, exist_ok=True)
-    # the same interpreter as ours, so the fairseq we were installed with
-    cmd = [sys.executable, "-m", "fairseq_cli.preprocess", *preprocess_args,
-           "--destdir", str(tmp), "--workers", str(workers)]
-    log("running fairseq-preprocess ...")
-    rc = subprocess.run(cmd).returncode
-    if rc != 0:
-        fail(f"fairseq-preprocess failed with exit status {rc} (its messages are above)")
-    for f in extra_files:
-        shutil.copy2(f, tmp / f.name)
-    (tmp / SETTINGS_FILE).write_text(json.dumps(settings, indent=1, sort_keys=True) + "\n")
-    shutil.rmtree(dest, ignore_errors=True)
-    tmp.rename(dest)
+    """Run fairseq-preprocess into a folder that becomes dest when complete."""
+    with atomic_folder(dest) as tmp:
+        # the same interpreter as ours, so the fairseq we were installed with
+        cmd = [sys.executable, "-m", "fairseq_cli.preprocess", *preprocess_args,
+               "--destdir", str(tmp), "--workers", str(workers)]
+        log("running fairseq-preprocess ...")
+        rc = subprocess.run(cmd).returncode
+        if rc != 0:
+            fail(f"fairseq-preprocess failed with exit status {rc} (its messages are above)")
+        for f in extra_files:
+            shutil.copy2(f, tmp / f.name)
+        (tmp / SETTINGS_FILE).write_text(json.dumps(settings, indent=1, sort_keys=True) + "\n")
     log(f"done: {dest}")
 
 
@@ -444,23 +496,40 @@ def apply_bpe(codes: Path, src: Path, dst: Path, workers: int) -> int:
     return write_lines(dst, pmap(fn, read_lines(src), workers, f"apply BPE to {src.name}"))
 
 
-def prepare_translation(name: str, description: str, archives: Dict[str, "Archive"], make_text, make_bpe,
-                        source: str, target: str, default_merges: int, argv=None) -> None:
-    """The translation datasets' pipeline: raw files -> tokenized text ->
-    joint BPE -> fairseq-preprocess with a joined dictionary."""
+def translation_parser(name: str, description: str, default_merges: int) -> argparse.ArgumentParser:
     parser = make_parser(name, description)
-    parser.add_argument("--bpe-merges", type=int, default=default_merges, help="joint BPE merges (default: %(default)s)")
-    args = parser.parse_args(argv)
+    parser.add_argument("--bpe-merges", type=int, default=default_merges,
+                        help="joint BPE merges (default: %(default)s)")
+    return parser
+
+
+def prepare_translation(args: argparse.Namespace, name: str, archives: Sequence[Archive], make_text, make_bpe,
+                        source: str, target: str, options: Optional[dict] = None) -> None:
+    """The translation datasets' pipeline: raw files -> tokenized text ->
+    joint BPE -> fairseq-preprocess with a joined dictionary. `options` are
+    the dataset's own choices that shape the text (recorded with the rest)."""
     resolve_dirs(args)
-    settings = {"dataset": name, "bpe_merges": args.bpe_merges}
+    made_from = {"dataset": name, **(options or {}), "sources": describe_sources(archives, args.raw)}
+    settings = {**made_from, "bpe_merges": args.bpe_merges}
     if dest_is_done(args.dest, settings):
         return
-    files = gather_inputs(list(archives.values()), args.raw, args.work)
-    text = step(args.work / "text", functools.partial(make_text, files=files, workers=args.workers),
-                {"dataset": name})
+    files = gather_inputs(archives, args.raw, args.work)
+    text = step(args.work / "text", functools.partial(make_text, files=files, workers=args.workers), made_from)
     bpe = step(args.work / "bpe", functools.partial(make_bpe, text=text, merges=args.bpe_merges,
                                                     workers=args.workers), settings)
     binarize(args.dest, settings,
              ["--source-lang", source, "--target-lang", target, "--joined-dictionary",
               "--trainpref", str(bpe / "train"), "--validpref", str(bpe / "valid"), "--testpref", str(bpe / "test")],
              args.workers, extra_files=[bpe / "code"])
+    log_counts(name, "sentence pairs", {split: count_lines(bpe / f"{split}.{source}") for split in SPLITS})
+
+
+def count_lines(path: Path) -> int:
+    with open(path, "rb") as f:
+        return sum(block.count(b"\n") for block in iter(lambda: f.read(1 << 20), b""))
+
+
+def log_counts(name: str, what: str, counts: Dict[str, int]) -> None:
+    """The size of each split made, to compare with fairseq's on the official archives."""
+    log(f"{what}: " + ", ".join(f"{split} {n:,}" for split, n in counts.items())
+        + f" (the official archives give: examples/{name}/README.md)")

@@ -19,8 +19,9 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a file: make the data_prep package importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from data_prep.common import (Archive, binarize, dest_is_done, fail, gather_inputs, log, make_parser, pmap,
-                              read_lines, read_pairs, resolve_dirs, run_cli, step)
+from data_prep.common import (Archive, binarize, count_lines, describe_sources, dest_is_done, fail, gather_inputs,
+                              identity, log, log_counts, make_parser, pmap, read_lines, read_pairs, resolve_dirs,
+                              run_cli, step)
 
 NAME = "cnn_dm"
 SPLITS = {"train": "train", "valid": "val", "test": "test"}  # ours -> the url lists' / line files' names
@@ -148,19 +149,23 @@ def main(argv=None) -> None:
     resolve_dirs(args)
     line_files = [f"{theirs}.{side}" for theirs in SPLITS.values() for side in SIDES]
     from_lines = args.raw is not None and any((args.raw / f).exists() for f in line_files)
-    source = "line files" if from_lines else "stories"
-    settings = {"dataset": NAME, "input": source, "vocab_size": args.vocab_size}
-    if dest_is_done(args.dest, settings):
-        return
     if from_lines:
         missing = [f for f in line_files if not (args.raw / f).is_file()]
         if missing:
             fail(f"{args.raw} has some line files but not {missing[0]}")
+        sources = {f: identity(args.raw / f) for f in line_files}
+    else:
+        sources = describe_sources(list(ARCHIVES.values()), args.raw)
+    made_from = {"dataset": NAME, "input": "line files" if from_lines else "stories", "sources": sources}
+    settings = {**made_from, "vocab_size": args.vocab_size}
+    if dest_is_done(args.dest, settings):
+        return
+    if from_lines:
         build = functools.partial(text_from_lines, raw=args.raw)
     else:
         files = gather_inputs(list(ARCHIVES.values()), args.raw, args.work)
         build = functools.partial(text_from_stories, files=files, workers=args.workers)
-    text = step(args.work / "text", build, {"dataset": NAME, "input": source})
+    text = step(args.work / "text", build, made_from)
     log(f"detokenized test summaries (ROUGE references): {text / 'test.target'}")
     pieces = step(args.work / "spm", functools.partial(make_spm, text=text, vocab_size=args.vocab_size,
                                                        workers=args.workers), settings)
@@ -169,6 +174,7 @@ def main(argv=None) -> None:
               "--trainpref", str(pieces / "train"), "--validpref", str(pieces / "valid"),
               "--testpref", str(pieces / "test")],
              args.workers, extra_files=[pieces / SPM_MODEL])
+    log_counts(NAME, "article-summary pairs", {split: count_lines(pieces / f"{split}.source") for split in SPLITS})
 
 
 if __name__ == "__main__":

@@ -1,11 +1,14 @@
 """IWSLT'14 German-English (TED talks) as fairseq's examples/translation/prepare-iwslt14.sh.
 
-Moses tokenization, clean-corpus-n (ratio 1.5, 1-175 tokens), lowercase;
-valid = every 23rd pair of the cleaned train, test = dev2010 + TEDX dev2012 +
-tst2010-2012; joint BPE (10000 merges) learnt on train de+en.
+The talks' metadata lines dropped from train (the text of <title> and
+<description> kept), Moses tokenization, clean-corpus-n (ratio 1.5, 1-175
+tokens), lowercase; valid = every 23rd pair of the cleaned train, test =
+dev2010 + TEDX dev2012 + tst2010-2012; joint BPE (10000 merges) learnt on
+train de+en.
 """
 
 import contextlib
+import re
 import sys
 from pathlib import Path
 
@@ -13,13 +16,20 @@ if __package__ in (None, ""):  # run as a file: make the data_prep package impor
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from data_prep.common import (Archive, apply_bpe, clean_corpus, learn_bpe, prepare_translation, read_lines, run_cli,
-                              sgm_segments, tokenize, write_lines)
+                              sgm_segments, tokenize, translation_parser, write_lines)
 
 NAME = "iwslt14_de_en"
 LANGS = ("de", "en")
 TEST_SETS = ("IWSLT14.TED.dev2010", "IWSLT14.TEDX.dev2012", "IWSLT14.TED.tst2010",
              "IWSLT14.TED.tst2011", "IWSLT14.TED.tst2012")
 TRAIN = {lang: f"de-en/train.tags.de-en.{lang}" for lang in LANGS}
+# The train files interleave each talk's metadata with its transcript. Lines
+# holding one of these tags are dropped, as fairseq's IWSLT'17 script does;
+# its IWSLT'14 script drops only the first three and so keeps the <speaker>,
+# <reviewer> and <translator> lines as sentence pairs. <title> and
+# <description> lines lose their tags and keep their text, as in both.
+METADATA = ("<url>", "<talkid>", "<keywords>", "<speaker>", "<reviewer", "<translator", "<doc", "</doc>")
+TITLE_TAGS = re.compile(r"</?(title|description)>")
 TEST = {lang: [f"de-en/{s}.de-en.{lang}.xml" for s in TEST_SETS] for lang in LANGS}
 
 ARCHIVES = {
@@ -34,11 +44,15 @@ ARCHIVES = {
 }
 
 
+def transcript(lines):
+    for line in lines:
+        if not any(tag in line for tag in METADATA):
+            yield TITLE_TAGS.sub("", line)
+
+
 def make_text(out: Path, files: dict, workers: int) -> None:
     for lang in LANGS:
-        # the train files interleave the talks' metadata (<url>, <talkid>,
-        # <title>, <speaker>, ...) with the transcript: keep the transcript only
-        lines = (line for line in read_lines(files[TRAIN[lang]]) if not line.lstrip().startswith("<"))
+        lines = transcript(read_lines(files[TRAIN[lang]]))
         write_lines(out / f"train.tags.{lang}", tokenize(lines, workers, f"train.{lang}", lang=lang))
         segs = [seg for f in TEST[lang] for seg in sgm_segments(files[f])]
         write_lines(out / f"test.{lang}", tokenize(segs, workers, f"test.{lang}", lang=lang, quote=True, lower=True))
@@ -63,7 +77,8 @@ def make_bpe(out: Path, text: Path, merges: int, workers: int) -> None:
 
 
 def main(argv=None) -> None:
-    prepare_translation(NAME, __doc__, ARCHIVES, make_text, make_bpe, "de", "en", default_merges=10000, argv=argv)
+    args = translation_parser(NAME, __doc__, default_merges=10000).parse_args(argv)
+    prepare_translation(args, NAME, list(ARCHIVES.values()), make_text, make_bpe, "de", "en")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a file: make the data_prep package importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from data_prep.common import Archive, binarize, dest_is_done, gather_inputs, make_parser, resolve_dirs, run_cli
+from data_prep.common import (Archive, binarize, count_lines, describe_sources, dest_is_done, gather_inputs, log_counts,
+                              make_parser, read_lines, resolve_dirs, run_cli)
 
 NAME = "wikitext103"
 FILES = {split: f"wikitext-103/wiki.{split}.tokens" for split in ("train", "valid", "test")}
@@ -29,14 +30,19 @@ ARCHIVES = {
 def main(argv=None) -> None:
     args = make_parser(NAME, __doc__).parse_args(argv)
     resolve_dirs(args)
-    settings = {"dataset": NAME}
+    archives = list(ARCHIVES.values())
+    settings = {"dataset": NAME, "sources": describe_sources(archives, args.raw)}
     if dest_is_done(args.dest, settings):
         return
-    files = gather_inputs(list(ARCHIVES.values()), args.raw, args.work)
+    files = gather_inputs(archives, args.raw, args.work)
     binarize(args.dest, settings,
              ["--only-source", "--trainpref", str(files[FILES["train"]]),
               "--validpref", str(files[FILES["valid"]]), "--testpref", str(files[FILES["test"]])],
              args.workers)
+    log_counts(NAME, "lines", {split: count_lines(files[f]) for split, f in FILES.items()})
+    # fairseq's count: every word and one end of line per line, as fairseq-eval-lm reports it
+    log_counts(NAME, "tokens", {split: sum(len(line.split()) + 1 for line in read_lines(files[f]))
+                                for split, f in FILES.items()})
 
 
 if __name__ == "__main__":

@@ -1,30 +1,28 @@
 """WMT'14 English-German as fairseq's examples/translation/prepare-wmt14en2de.sh --icml17.
 
-Train: Europarl v7 + Common Crawl + News Commentary v9, punctuation
-normalized, non-printing characters removed, Moses-tokenized with aggressive
-hyphen splitting, joint BPE (32000 merges, as the paper) learnt on train en+de,
-then clean-corpus-n (ratio 1.5, 1-250 tokens).  Valid = newstest2013,
-test = newstest2014 (the full set, as the recipe).
+Train: Europarl v7 + Common Crawl + News Commentary v9 (WMT'14's; or v12,
+WMT'17's, the script's default without --icml17: --news-commentary v12),
+punctuation normalized, non-printing characters removed, Moses-tokenized with
+aggressive hyphen splitting, joint BPE (32000 merges, as the paper) learnt on
+train en+de, then clean-corpus-n (ratio 1.5, 1-250 tokens).  Valid =
+newstest2013, where the paper tunes (fairseq's script takes every 100th train
+pair instead), test = newstest2014 (the full set, as the script).
 """
 
+import functools
 import sys
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a file: make the data_prep package importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from data_prep.common import (Archive, apply_bpe, clean_corpus, learn_bpe, prepare_translation, read_lines, run_cli,
-                              sgm_segments, tokenize, write_lines)
+from data_prep.common import (Archive, in_raw, apply_bpe, clean_corpus, fail, learn_bpe, log, prepare_translation,
+                              read_lines, run_cli, sgm_segments, tokenize, translation_parser, write_lines)
 
 NAME = "wmt14_en_de"
 SRC, TGT = "en", "de"
 LANGS = (SRC, TGT)
-# parallel files (without the .en/.de) inside each training archive
-CORPORA = {
-    "training-parallel-europarl-v7.tgz": "training/europarl-v7.de-en",
-    "training-parallel-commoncrawl.tgz": "commoncrawl.de-en",
-    "training-parallel-nc-v9.tgz": "training/news-commentary-v9.de-en",
-}
+EUROPARL, COMMONCRAWL = "training/europarl-v7.de-en", "commoncrawl.de-en"  # parallel files, without .en/.de
 VALID = {lang: f"dev/newstest2013.{lang}" for lang in LANGS}
 TEST = {SRC: f"test-full/newstest2014-deen-src.{SRC}.sgm", TGT: f"test-full/newstest2014-deen-ref.{TGT}.sgm"}
 
@@ -33,20 +31,30 @@ def _pair(prefix):
     return tuple(f"{prefix}.{lang}" for lang in LANGS)
 
 
+def news_commentary(version):
+    return f"training/news-commentary-{version}.de-en"
+
+
+# WMT'14's own (prepare-wmt14en2de.sh --icml17), or WMT'17's (that script's default)
+NEWS_COMMENTARY = {
+    "v9": Archive("training-parallel-nc-v9.tgz", ("https://www.statmt.org/wmt14/training-parallel-nc-v9.tgz",),
+                  "sha256:cb8953f292298e6877ae433c98912b927cb0766b303f4540512ddd286c748485",
+                  _pair(news_commentary("v9"))),
+    "v12": Archive("training-parallel-nc-v12.tgz",
+                   ("https://data.statmt.org/wmt17/translation-task/training-parallel-nc-v12.tgz",),
+                   "sha256:2b45f30ef1d550d302fd17dd3a5cbe19134ccc4c2cf50c2dae534aee600101a2",
+                   _pair(news_commentary("v12"))),
+}
 ARCHIVES = {
     a.filename: a for a in (
         Archive("training-parallel-europarl-v7.tgz",
                 ("https://www.statmt.org/wmt13/training-parallel-europarl-v7.tgz",),
                 "sha256:0224c7c710c8a063dfd893b0cc0830202d61f4c75c17eb8e31836103d27d96e7",
-                _pair(CORPORA["training-parallel-europarl-v7.tgz"])),
+                _pair(EUROPARL)),
         Archive("training-parallel-commoncrawl.tgz",
                 ("https://www.statmt.org/wmt13/training-parallel-commoncrawl.tgz",),
                 "sha256:c7a74e2ea01ac6c920123108627e35278d4ccb5701e15428ffa34de86fa3a9e5",
-                _pair(CORPORA["training-parallel-commoncrawl.tgz"])),
-        Archive("training-parallel-nc-v9.tgz",
-                ("https://www.statmt.org/wmt14/training-parallel-nc-v9.tgz",),
-                "sha256:cb8953f292298e6877ae433c98912b927cb0766b303f4540512ddd286c748485",
-                _pair(CORPORA["training-parallel-nc-v9.tgz"])),
+                _pair(COMMONCRAWL)),
         Archive("dev.tgz",
                 ("https://data.statmt.org/wmt17/translation-task/dev.tgz",),
                 "md5:9b1aa63c1cf49dccdd20b962fe313989",
@@ -59,15 +67,21 @@ ARCHIVES = {
 }
 
 
-def _train_lines(files: dict, lang: str):
-    for prefix in CORPORA.values():
+def news_commentary_in(raw) -> list:
+    """The News Commentary versions whose archive or files --raw holds."""
+    return [v for v, archive in NEWS_COMMENTARY.items()
+            if (raw / archive.filename).is_file() or in_raw(archive, raw) is not None]
+
+
+def _train_lines(files: dict, lang: str, corpora):
+    for prefix in corpora:
         yield from read_lines(files[f"{prefix}.{lang}"])
 
 
-def make_text(out: Path, files: dict, workers: int) -> None:
+def make_text(out: Path, files: dict, workers: int, corpora) -> None:
     for lang in LANGS:
         kw = dict(lang=lang, aggressive=True)
-        write_lines(out / f"train.{lang}", tokenize(_train_lines(files, lang), workers, f"train.{lang}",
+        write_lines(out / f"train.{lang}", tokenize(_train_lines(files, lang, corpora), workers, f"train.{lang}",
                                                     normalize=True, **kw))
         write_lines(out / f"valid.{lang}", tokenize(read_lines(files[VALID[lang]]), workers, f"valid.{lang}",
                                                     normalize=True, **kw))
@@ -94,7 +108,24 @@ def make_bpe(out: Path, text: Path, merges: int, workers: int) -> None:
 
 
 def main(argv=None) -> None:
-    prepare_translation(NAME, __doc__, ARCHIVES, make_text, make_bpe, SRC, TGT, default_merges=32000, argv=argv)
+    parser = translation_parser(NAME, __doc__, default_merges=32000)
+    parser.add_argument("--news-commentary", choices=sorted(NEWS_COMMENTARY),
+                        help="v9: WMT'14's own (fairseq's prepare-wmt14en2de.sh --icml17); v12: WMT'17's (that "
+                             "script's default). Default: the one --raw holds, else v9")
+    args = parser.parse_args(argv)
+    version = args.news_commentary
+    if version is None:
+        found = news_commentary_in(args.raw) if args.raw is not None else []
+        if len(found) > 1:
+            fail(f"{args.raw} holds News Commentary {' and '.join(found)}: pick one with --news-commentary")
+        version = found[0] if found else "v9"
+    news = NEWS_COMMENTARY[version]
+    log(f"train: Europarl v7, Common Crawl and News Commentary {version} ({news.filename}; "
+        + ("WMT'14's own, as fairseq's prepare-wmt14en2de.sh --icml17)" if version == "v9"
+           else "WMT'17's, as fairseq's prepare-wmt14en2de.sh without --icml17)"))
+    corpora = (EUROPARL, COMMONCRAWL, news_commentary(version))
+    prepare_translation(args, NAME, [*ARCHIVES.values(), news], functools.partial(make_text, corpora=corpora),
+                        make_bpe, SRC, TGT, options={"news_commentary": version})
 
 
 if __name__ == "__main__":

@@ -12,8 +12,8 @@ writes DIR/{train,valid,test}.{src,tgt}, ready for fairseq-preprocess.
 import argparse
 import os
 import random
-import shutil
-import tempfile
+
+from data_prep.files import atomic_folder
 
 
 def sentence_pair(rng: random.Random, vocab: int, min_len: int, max_len: int):
@@ -22,25 +22,14 @@ def sentence_pair(rng: random.Random, vocab: int, min_len: int, max_len: int):
 
 
 def write_corpus(out: str, sizes: dict, vocab=24, min_len=3, max_len=12, seed=1) -> None:
-    """Writes all splits into a temporary folder, then moves it into place, so
-    `out` is either complete or absent."""
-    parent = os.path.dirname(os.path.abspath(out))
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".synthetic-", dir=parent)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's folder is private; the result should not be
-    try:
+    """Writes all splits; `out` appears complete or not at all."""
+    with atomic_folder(out) as tmp:
         for split, count in sizes.items():
             rng = random.Random(f"{seed}/{split}")
             pairs = [sentence_pair(rng, vocab, min_len, max_len) for _ in range(count)]
             for side, index in (("src", 0), ("tgt", 1)):
-                with open(os.path.join(tmp, f"{split}.{side}"), "w") as f:
+                with open(tmp / f"{split}.{side}", "w") as f:
                     f.writelines(pair[index] + "\n" for pair in pairs)
-        os.rename(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def main(argv=None):

@@ -19,9 +19,9 @@ import argparse
 import operator
 import os
 import random
-import shutil
-import tempfile
 from functools import partial
+
+from data_prep.files import atomic_folder
 
 SPLITS = ("train", "valid", "test")
 DEFAULT_SIZES = {"train": 10000, "valid": 1000, "test": 1000}
@@ -284,28 +284,12 @@ def write_task(out, task, seed, sizes, force=False, **options):
     final = os.path.join(out, task)
     if os.path.exists(final) and not force:
         raise FileExistsError(f"{final} exists (pass --force to replace it)")
-    os.makedirs(out, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{task}.", dir=out)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's folder is private; the result should not be
-    try:
+    with atomic_folder(final) as tmp:
         for split in SPLITS:
-            prefix = os.path.join(tmp, split)
-            with open(prefix + ".input", "w") as fin, open(prefix + ".labels", "w") as flab:
+            with open(tmp / f"{split}.input", "w") as fin, open(tmp / f"{split}.labels", "w") as flab:
                 for tokens, labels in episodes(task, split, sizes[split], seed, **options):
                     fin.write(" ".join(tokens) + "\n")
                     flab.write(" ".join(labels) + "\n")
-        if os.path.exists(final):
-            old = tempfile.mkdtemp(prefix=f".{task}.old.", dir=out)
-            os.rename(final, os.path.join(old, task))
-            os.rename(tmp, final)
-            shutil.rmtree(old)
-        else:
-            os.rename(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return final
 
 

@@ -17,25 +17,22 @@ bfloat16 ones, as fairseq does), integer ones floor-divided.
 
 Checkpoints are read with torch's default weights_only loading; importing
 fairseq_feedback allows exactly the classes fairseq stores, so a file holding
-anything else is refused rather than run. The output is written to a
-temporary file beside it and renamed into place, so it is never half
-written. Mistakes end with one line naming them, never a traceback.
+anything else is refused rather than run. The output is written to
+OUTPUT.tmp and renamed into place, so it is never half written. Mistakes
+end with one line naming them, never a traceback.
 """
 
 import argparse
 import os
 import pickle
 import re
-import tempfile
 from collections import OrderedDict
 from typing import Dict, List, Optional
 
+from data_prep.files import atomic_file, fail
+
 EPOCH = re.compile(r"checkpoint(\d+)\.pt")
 UPDATE = re.compile(r"checkpoint_\d+_(\d+)\.pt")
-
-
-def fail(message: str):
-    raise SystemExit(f"error: {message}")
 
 
 def last_checkpoints(folder: str, n: int, update_based: bool, upper_bound: Optional[int] = None) -> List[str]:
@@ -129,29 +126,17 @@ def average(paths: List[str]) -> dict:
 
 
 def save(state: dict, output: str) -> None:
-    """Writes beside the output, then renames: a crash or a full disk leaves no half-written file."""
+    """A crash or a full disk leaves no half-written file (and the previous one, if any, in place)."""
     import torch
 
-    folder = os.path.dirname(os.path.abspath(output))
     if os.path.isdir(output):
         fail(f"--output {output} is a folder; name the file, e.g. {os.path.join(output, 'checkpoint.avg.pt')}")
     try:
-        os.makedirs(folder, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=os.path.basename(output) + ".", suffix=".tmp", dir=folder)
+        os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+        with atomic_file(output, "wb") as f:
+            torch.save(state, f)
     except OSError as e:
         fail(f"cannot write {output} ({e.strerror or e})")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(state, f)
-        os.replace(tmp, output)
-    except BaseException as e:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        if isinstance(e, OSError):
-            fail(f"cannot write {output} ({e.strerror or e})")
-        raise
 
 
 def parser() -> argparse.ArgumentParser:

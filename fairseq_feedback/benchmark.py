@@ -18,14 +18,11 @@ import time
 
 import torch
 import torch.nn.functional as F
-from fairseq import options, search
-from fairseq.data import Dictionary
-from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+from fairseq import search
 from fairseq.sequence_generator import SequenceGenerator
-from fairseq.tasks import TASK_REGISTRY
-from fairseq.tasks.translation import TranslationTask
 
-import fairseq_feedback  # noqa: F401  (registers the models)
+from fairseq_feedback import builders
+from fairseq_feedback.builders import make_dictionary, size_flags
 
 PRESETS = {
     # the targets' settings: translation at base widths with a 6-layer decoder
@@ -59,13 +56,6 @@ def interleaved_rates(workloads, repeats):
     return {name: tokens[name] / statistics.median(times[name]) for name in workloads}
 
 
-def make_dictionary(size):
-    dictionary = Dictionary()
-    for i in range(size - dictionary.nspecial):
-        dictionary.add_symbol(f"w{i}")
-    return dictionary
-
-
 def random_tokens(dictionary, rows, length, generator):
     return torch.randint(dictionary.nspecial, len(dictionary), (rows, length), generator=generator)
 
@@ -74,27 +64,17 @@ def shifted(dictionary, tokens):
     return torch.cat([torch.full((len(tokens), 1), dictionary.eos()), tokens[:, :-1]], dim=1)
 
 
-def build_translation_model(arch, p, dictionary):
-    sizes = []
-    for side in ("encoder", "decoder"):
-        sizes += [f"--{side}-embed-dim", str(p["embed_dim"]), f"--{side}-ffn-embed-dim", str(p["ffn_dim"]),
-                  f"--{side}-attention-heads", str(p["heads"]), f"--{side}-layers", str(p["layers"])]
-    args = options.parse_args_and_arch(
-        options.get_training_parser(), ["unused", "--task", "translation", "--arch", arch, "--dropout", "0.1", *sizes]
-    )
-    return TranslationTask(args, dictionary, dictionary).build_model(args)
+def build_translation_model(arch, p, dictionary, seed):
+    sizes = size_flags("encoder", p["embed_dim"], p["ffn_dim"], p["heads"], p["layers"]) + \
+        size_flags("decoder", p["embed_dim"], p["ffn_dim"], p["heads"], p["layers"])
+    return builders.translation_model(arch, [*sizes, "--dropout", "0.1"], dictionary, seed=seed)
 
 
-def build_language_model(arch, task_name, p, dictionary, extra=()):
-    args = options.parse_args_and_arch(options.get_training_parser(), [
-        "unused", "--task", task_name, "--arch", arch, "--tokens-per-sample", str(p["block"]),
-        "--decoder-embed-dim", str(p["embed_dim"]), "--decoder-input-dim", str(p["embed_dim"]),
-        "--decoder-output-dim", str(p["embed_dim"]), "--decoder-ffn-embed-dim", str(p["ffn_dim"]),
-        "--decoder-attention-heads", str(p["heads"]), "--decoder-layers", str(p["layers"]), "--dropout", "0.1",
-        *extra,
-    ])
-    cfg = convert_namespace_to_omegaconf(args)
-    return TASK_REGISTRY[task_name](cfg.task, dictionary).build_model(cfg.model)
+def build_language_model(arch, task, p, dictionary, seed, extra=()):
+    flags = ["--tokens-per-sample", p["block"], "--decoder-input-dim", p["embed_dim"],
+             "--decoder-output-dim", p["embed_dim"], "--dropout", "0.1",
+             *size_flags("decoder", p["embed_dim"], p["ffn_dim"], p["heads"], p["layers"]), *extra]
+    return builders.language_model(arch, task, flags, dictionary, seed=seed)[0]
 
 
 def training_step(model, forward, target):
@@ -160,8 +140,7 @@ def translation(p, seed):
 
     models, train, beam, state = {}, {}, {}, {}
     for arch in ("transformer", "feedback_transformer"):
-        torch.manual_seed(seed)
-        model = models[arch] = build_translation_model(arch, p, dictionary)
+        model = models[arch] = build_translation_model(arch, p, dictionary, seed)
         train[arch] = training_step(model, lambda m=model: m(src, lengths, shifted(dictionary, target))[0],
                                     lambda: target)
         beam[arch] = generation(model, dictionary, sample, p["length"], beam_size=BEAM)
@@ -190,8 +169,7 @@ def language_model(p, seed):
     train, evaluate, sampling = {}, {}, {}
     for arch, task, extra in [("transformer_lm", "language_modeling", ["--decoder-normalize-before"]),
                               ("feedback_lm", "feedback_language_modeling", ["--memory-span", str(p["span"])])]:
-        torch.manual_seed(seed)
-        model = build_language_model(arch, task, p, dictionary, extra)
+        model = build_language_model(arch, task, p, dictionary, seed, extra)
         # consecutive blocks of the same streams, with the memory carried where
         # the model carries one
         counter = iter(range(10**9))

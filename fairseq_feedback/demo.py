@@ -23,9 +23,9 @@ checkpoints saved every 100 updates with fairseq_feedback.evaluate_toy
     data/          the task (raw text and binarized)
     feedback/ transformer/   train.log, checkpoint_last.pt, the test predictions
 
-Everything is built in a temporary folder beside --out, which replaces the
-old one only when all of it is done: a failed or interrupted run leaves the
-previous results as they were. A folder that is not a demo's is never replaced.
+Everything is built in OUT.tmp beside --out, which replaces the old OUT
+only when all of it is done: a failed or interrupted run leaves the previous
+results as they were. A folder that is not a demo's is never replaced.
 """
 
 import argparse
@@ -33,17 +33,16 @@ import json
 import os
 import re
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 
 import torch
 
 from data_prep import toy_tasks
+from data_prep.files import atomic_folder
 
 PLUGIN = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(PLUGIN)
@@ -352,31 +351,13 @@ def check_replaceable(out):
         raise DemoError(f"{out} exists and is not a folder this demo wrote: pass another --out")
 
 
-def replace_folder(tmp, out):
-    """Puts the finished folder `tmp` in place of `out` (a previous demo's, or none)."""
-    check_replaceable(out)
-    if os.path.exists(out):
-        old = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.old.", dir=os.path.dirname(out))
-        os.rename(out, os.path.join(old, "previous"))
-        os.rename(tmp, out)
-        shutil.rmtree(old)
-    else:
-        os.rename(tmp, out)
-
-
 def run(out, config=CONFIG, threads=None):
     """The whole demo; returns the markdown table. `out` appears complete or is left as it was."""
     start = time.time()
     out = os.path.abspath(out)
-    check_replaceable(out)
-    parent = os.path.dirname(out)
-    os.makedirs(parent, exist_ok=True)
     threads = threads or max(1, (os.cpu_count() or 2) // len(MODELS))
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.", dir=parent)
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's folder is private; the results are not
+    with atomic_folder(out, check=check_replaceable) as building:
+        tmp = str(building)
         open(os.path.join(tmp, MARKER), "w").close()
         log(f"[1/3] generating {describe(config)} and binarizing it")
         raw, data = make_data(os.path.join(tmp, "data"), config, child_env(threads))
@@ -396,10 +377,6 @@ def run(out, config=CONFIG, threads=None):
         rel_runs = {name: (save_dir, secs, [a.replace(tmp, out) for a in map(str, cmd)])
                     for name, (save_dir, secs, cmd) in runs.items()}
         text = report(tmp, config, rel_runs, results, seconds)
-        replace_folder(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     log(f"[3/3] done in {time.time() - start:.0f}s: {out}/results.md, {out}/accuracy.png\n")
     log(describe(config) + ", test accuracy (%)\n")
     log(text)

@@ -28,10 +28,10 @@ checkpoint, an existing predictions file is scored against --raw.
 import argparse
 import json
 import os
-import tempfile
 
 import torch
 
+from data_prep.files import atomic_file
 from data_prep.toy_tasks import METRICS, NO_LOSS, score
 
 from .errors import FeedbackUsageError, _one_line
@@ -144,20 +144,13 @@ def read_labels(path, what="labels file"):
 
 
 def write_lines(path, lines):
-    """Writes token lines to `path` atomically: the file is complete or absent."""
+    """Writes token lines to `path`; the file appears complete or not at all."""
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise FeedbackUsageError(f"folder {folder} for the predictions does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=folder)
-    try:
-        with os.fdopen(fd, "w") as f:
-            for line in lines:
-                f.write(" ".join(line) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    with atomic_file(path) as f:
+        for line in lines:
+            f.write(" ".join(line) + "\n")
 
 
 def default_output(path, split):

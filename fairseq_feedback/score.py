@@ -33,27 +33,41 @@ Metrics:
                        after . ! or ?, as ROUGE-1.5.5 scores multi-sentence
                        summaries; the sentence-level rougeL is printed beside it.
 
+A score covers the whole test set unless it says otherwise. A --gen file must
+show that fairseq-generate finished (its closing line, `Generate <split> with
+beam=...`, printed after the last sentence) and hold a hypothesis for every
+sentence of the split: ids 0..N-1, N being the lines of --ref, else the
+split's size that fairseq logs when it loads it, else the largest id + 1.
+Otherwise (a run that was killed or cut short, sentences fairseq-generate
+left out) the command stops and names what is missing; --allow-subset scores
+the sentences there are instead, and says how many of how many.
+
 --quiet prints the main number alone (BLEU, or ROUGE-L). Several --gen files
 (a tuning run: one output per setting) print one line each, "SCORE<TAB>FILE",
 best first, so `head -1` names the best setting.
-Mistakes (a missing file, no hypotheses, line counts that differ) end with one
-line, never a traceback.
+Mistakes (a missing file, no hypotheses, line counts that differ, an
+incomplete output) end with one line, never a traceback.
 """
 
 import argparse
 import re
 import sys
+from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
+
+from data_prep.files import fail
 
 METRICS = ("bleu", "bleu-compound-split", "sacrebleu", "rouge")
 _COMPOUND = re.compile(r"(\S)-(\S)")
 _GEN_LINE = re.compile(r"([HT])-(\d+)\t(.*)")
+_CLOSING_LINE = re.compile(r"Generate \S+ with beam=\d+: ")
+# fairseq's translation task logs "{data} {split} {src}-{tgt} {N} examples" as it loads the split (into
+# the output when its logging goes there: fairseq's format "... | fairseq.tasks.translation | ...", or Python's)
+_SPLIT_SIZE = re.compile(r"fairseq\.tasks\.translation\W.* (\S+) \S+-\S+ (\d+) examples$")
+_REGENERATE = ("rerun fairseq-generate with --required-batch-size-multiple 1 (without it fairseq drops a last "
+               "batch smaller than 8) and without --skip-invalid-size-inputs-valid-test")
 _SEG = re.compile(r"<seg[^>]*>(.*)</seg>")
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=\S)")
-
-
-def fail(message: str):
-    raise SystemExit(f"error: {message}")
 
 
 def compound_split(line: str) -> str:
@@ -93,12 +107,23 @@ def read_references(path: str) -> List[str]:
     return lines
 
 
-def read_generate_output(path: str) -> Tuple[Dict[int, str], Dict[int, str]]:
-    """{id: hypothesis} (the first H line of each id) and {id: reference} (T lines)."""
-    hyps, refs = {}, {}
+@dataclass
+class GenerateOutput:
+    hypotheses: Dict[int, str]  # the first H line of each id
+    references: Dict[int, str]  # T lines
+    finished: bool  # it holds fairseq-generate's closing line
+    split_size: Optional[int]  # sentences in the split, as fairseq logged when loading it
+
+
+def read_generate_output(path: str) -> GenerateOutput:
+    hyps, refs, finished, split_files = {}, {}, False, {}
     for line in read_text(path):
         m = _GEN_LINE.match(line)
         if not m:
+            finished = finished or bool(_CLOSING_LINE.search(line))
+            size = _SPLIT_SIZE.search(line)
+            if size:  # a split in several files (test, test1, ...) is logged once per file
+                split_files[size.group(1)] = int(size.group(2))
             continue
         kind, sid, rest = m.group(1), int(m.group(2)), m.group(3)
         if kind == "H":
@@ -110,7 +135,7 @@ def read_generate_output(path: str) -> Tuple[Dict[int, str], Dict[int, str]]:
     if not hyps:
         fail(f"{path} holds no hypotheses (H-<id> lines): pass fairseq-generate's output, "
              "or a file of one hypothesis a line as --hyp")
-    return hyps, refs
+    return GenerateOutput(hyps, refs, finished, sum(split_files.values()) if split_files else None)
 
 
 def _ids(ids) -> str:
@@ -119,7 +144,7 @@ def _ids(ids) -> str:
 
 
 def pairs(args, gen: Optional[str]) -> Tuple[List[str], List[str]]:
-    """Hypotheses and references, aligned."""
+    """Hypotheses and references, aligned: of every sentence, or with --allow-subset of those there are."""
     if gen is None:
         if args.ref is None:
             fail("--hyp needs --ref (the references, one a line)")
@@ -127,32 +152,35 @@ def pairs(args, gen: Optional[str]) -> Tuple[List[str], List[str]]:
         if len(hyps) != len(refs):
             fail(f"{args.hyp} has {len(hyps)} lines but {args.ref} has {len(refs)}: they must align line by line")
         return hyps, refs
-    hyps, targets = read_generate_output(gen)
+    out = read_generate_output(gen)
     if args.ref is not None:
-        refs = read_references(args.ref)
-        missing = set(range(len(refs))) - set(hyps)
-        beyond = {i for i in hyps if i >= len(refs)}
+        references = dict(enumerate(read_references(args.ref)))
+        beyond = {i for i in out.hypotheses if i not in references}
         if beyond:
             fail(f"{gen} has hypotheses for sentences {_ids(beyond)} but {args.ref} has only "
-                 f"{len(refs)} lines: is it the reference of the generated split?")
+                 f"{len(references)} lines: is it the reference of the generated split?")
+        split, expected = len(references), f"{args.ref} has {len(references)} lines"
+    else:
+        if not out.references:
+            fail(f"{gen} has no references (T-<id> lines): pass them as --ref")
+        references = out.references
+        split = out.split_size or max(out.hypotheses) + 1
+        expected = (f"the split has {split} sentences" if out.split_size
+                    else f"its sentence ids run to {split - 1}")
+    ids = sorted(set(out.hypotheses) & set(references))
+    missing = set(range(split)) - set(ids)
+    subset = f"or pass --allow-subset to score the {len(ids)} sentences it has"
+    if not args.allow_subset:
+        if not out.finished:
+            fail(f"{gen} lacks fairseq-generate's closing line ('Generate <split> with beam=...'): the run did not "
+                 f"finish (killed, cut short or still running), so sentences may be missing; rerun it, {subset}")
         if missing:
-            fail(f"{gen} has {len(hyps)} hypotheses but {args.ref} has {len(refs)} lines (none for sentences "
-                 f"{_ids(missing)}): fairseq-generate left them out; rerun it with --required-batch-size-multiple 1 "
-                 "(without it fairseq drops a last batch smaller than 8) and without "
-                 "--skip-invalid-size-inputs-valid-test")
-        return [hyps[i] for i in range(len(refs))], refs
-    if not targets:
-        fail(f"{gen} has no references (T-<id> lines): pass them as --ref")
-    if set(hyps) != set(targets):
-        odd = set(hyps) ^ set(targets)
-        fail(f"{gen}: sentences {_ids(odd)} have a hypothesis or a reference but not both: "
-             "is the output complete?")
-    ids = sorted(hyps)
-    if ids[-1] + 1 != len(ids):
-        print(f"note: {gen} holds {len(ids)} of sentences 0..{ids[-1]}; scoring those (a sharded run, or "
-              "fairseq-generate dropped some: it needs --required-batch-size-multiple 1 to keep them all)",
-              file=sys.stderr)
-    return [hyps[i] for i in ids], [targets[i] for i in ids]
+            fail(f"{gen} has {len(ids)} hypotheses but {expected} (none for sentences {_ids(missing)}): "
+                 f"fairseq-generate left them out; {_REGENERATE}, {subset}")
+    elif missing or not out.finished:
+        print(f"note: {gen}: scoring the {len(ids)} sentences it has, of {split}"
+              + ("" if out.finished else " or more (the run did not finish)") + " (--allow-subset)", file=sys.stderr)
+    return [out.hypotheses[i] for i in ids], [references[i] for i in ids]
 
 
 def detokenize(lines: List[str], lang: str) -> List[str]:
@@ -202,6 +230,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--detokenize", metavar="LANG",
                    help="Moses-detokenize the hypotheses first (and T- line references), for sacrebleu")
     p.add_argument("--quiet", action="store_true", help="print the main number only")
+    p.add_argument("--allow-subset", action="store_true",
+                   help="score the sentences a --gen file has even if some are missing or the run was cut short "
+                        "(a note says how many of how many); without it, that is an error")
     return p
 
 

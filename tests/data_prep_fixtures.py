@@ -56,9 +56,9 @@ def _talk_header(talk: int, lang: str):
     return [
         f"<url>http://www.ted.com/talks/talk_{talk}.html</url>",
         f"<keywords>talks, science, {lang}</keywords>",
-        f"<speaker>Speaker {talk}</speaker>",
+        f"<speaker>Person {talk}</speaker>",
         f"<talkid>{100 + talk}</talkid>",
-        f"<title>Speaker {talk}: a talk in {lang}</title>",
+        f"<title>Person {talk}: a talk in {lang}</title>",
         f"<description>TED Talk Subtitles and Transcript: talk {talk} ({lang})</description>",
         '<reviewer href="http://www.ted.com/profiles/1">Some Reviewer</reviewer>',
         '<translator href="http://www.ted.com/profiles/2">Some Translator</translator>',
@@ -73,6 +73,7 @@ def write_iwslt(root: Path) -> dict:
     pairs[5] = ("Ja.", pairs[5][1])
     pairs[17] = (pairs[17][0], "Yes.")
     pairs[40] = (" ".join([pairs[40][0]] * 30), " ".join([pairs[40][1]] * 30))
+    pairs[10] = (pairs[10][0], "<3 " + pairs[10][1])  # a sentence, not a tag: kept
     de, en = [], []
     for talk in range(3):
         de += _talk_header(talk, "de")
@@ -103,7 +104,7 @@ def write_iwslt(root: Path) -> dict:
                 "</mteval>",
             ])
     write(root / "de-en" / "README", ["IWSLT 2014 de-en"])
-    kept = 60 - 3
+    kept = 60 - 3 + 3 * 2  # and the text of each talk's <title> and <description>
     return {"train": kept - kept // 23, "valid": kept // 23, "test": n_test}
 
 
@@ -123,12 +124,12 @@ def _sgm(setid: str, lang: str, sysid: str, segs) -> list:
             + ["</p>", "</doc>", "</srcset>" if sysid == "src" else "</refset>"])
 
 
-def write_wmt(root: Path) -> dict:
+def write_wmt(root: Path, news_commentary: str = "v9") -> dict:
     """root/ as the five statmt.org archives extracted side by side."""
     rng = random.Random(2014)
     n_train = dropped = 0
     for prefix, n in (("training/europarl-v7.de-en", 25), ("commoncrawl.de-en", 15),
-                      ("training/news-commentary-v9.de-en", 10)):
+                      (f"training/news-commentary-{news_commentary}.de-en", 10)):
         pairs = list(parallel(rng, n))
         if prefix == "commoncrawl.de-en":
             pairs[3] = ("Ja.", pairs[3][1])  # ratio: dropped

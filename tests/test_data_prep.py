@@ -3,7 +3,9 @@
 import dataclasses
 import hashlib
 import http.server
+import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -100,6 +102,46 @@ def test_iwslt_interrupted_resumed_and_rerun(tmp_path, monkeypatch):
     assert "bpe_merges: 300 -> 100" in error_of(iwslt, *args[:-1], 100)
 
 
+def test_iwslt_keeps_what_fairseqs_script_keeps_and_counts_it(tmp_path, capsys):
+    counts = fx.write_iwslt(tmp_path / "raw")
+    run(iwslt, "--raw", tmp_path / "raw", *dirs(tmp_path), "--bpe-merges", 300)
+    text = tmp_path / "work" / "text"
+    pairs = list(zip(lines(text / "train.de") + lines(text / "valid.de"),
+                     lines(text / "train.en") + lines(text / "valid.en")))
+    english = [e for _, e in pairs]
+    # <title> and <description> keep their text, without the tags
+    assert "person 1 : a talk in en" in english
+    assert "ted talk subtitles and transcript : talk 2 ( en )" in english
+    assert not any("&lt; title" in e or "&lt; speaker" in e or "reviewer" in e or "talkid" in e for e in english)
+    # a sentence that begins with "<" is a sentence, and stays beside its translation
+    (de, en), = [p for p in pairs if p[1].startswith("&lt; 3 ")]
+    assert len(en.split()) == len(de.split()) + 2  # the fixture's pairs have as many words on each side
+    check_translation(tmp_path / "data-bin" / "out", "de", "en", counts)
+    assert (f"sentence pairs: train {counts['train']}, valid {counts['valid']}, test {counts['test']} "
+            "(the official archives give: examples/iwslt14_de_en/README.md)") in capsys.readouterr().err
+
+
+def test_a_rerun_on_other_raw_files_never_reuses_what_the_old_ones_made(tmp_path):
+    raw = tmp_path / "raw"
+    fx.write_iwslt(raw)
+    args = ["--raw", raw, *dirs(tmp_path), "--bpe-merges", 300]
+    dest, text = tmp_path / "data-bin" / "out", tmp_path / "work" / "text"
+    run(iwslt, *args)
+    assert "garden" in (text / "train.en").read_text()
+
+    # the same talks with another word, written over the raw files
+    for f in (raw / "de-en").iterdir():
+        f.write_text(f.read_text().replace("garden", "orchard").replace("garten", "hof"))
+    message = error_of(iwslt, *args)  # the dest was made from the old files: refused, never kept as done
+    assert "sources: de-en/IWSLT14.TED.dev2010.de-en.de.xml" in message and "more changed" in message
+
+    shutil.rmtree(dest)
+    run(iwslt, *args)
+    made = (text / "train.en").read_text() + (text / "valid.en").read_text()
+    assert "orchard" in made and "garden" not in made
+    assert "garden" not in Dictionary.load(str(dest / "dict.en.txt"))
+
+
 @pytest.fixture
 def known_iwslt_archive(tmp_path, monkeypatch):
     """A fixture de-en.tgz that the checksum table takes for the real one."""
@@ -156,6 +198,24 @@ def test_wmt(tmp_path):
     assert lines(text / "test.en")[0].startswith("It &apos;s ")
 
 
+def test_wmt_takes_news_commentary_v12_and_says_so(tmp_path, capsys):
+    raw = tmp_path / "raw"
+    counts = fx.write_wmt(raw, news_commentary="v12")  # fairseq's script's default
+    run(wmt, "--raw", raw, *dirs(tmp_path), "--bpe-merges", 500)
+    dest = tmp_path / "data-bin" / "out"
+    check_translation(dest, "en", "de", counts)
+    assert json.loads((dest / common.SETTINGS_FILE).read_text())["news_commentary"] == "v12"
+    err = capsys.readouterr().err
+    assert "News Commentary v12 (training-parallel-nc-v12.tgz" in err
+    assert f"sentence pairs: train {counts['train']}, valid {counts['valid']}, test {counts['test']} " in err
+
+    fx.write_wmt(raw)  # v9 beside it: which one is meant?
+    assert "--news-commentary" in error_of(wmt, "--raw", raw, *dirs(tmp_path / "both"))
+    fx.write_wmt(tmp_path / "v12-only", news_commentary="v12")
+    assert "training-parallel-nc-v9.tgz" in error_of(wmt, "--raw", tmp_path / "v12-only", "--news-commentary", "v9",
+                                                     *dirs(tmp_path / "v9"))
+
+
 # ----------------------------------------------------------- CNN-DailyMail
 
 
@@ -186,6 +246,13 @@ def test_cnn_dm_line_files(tmp_path):
     for split, n in counts.items():
         assert loaded_sizes(tmp_path / "data-bin" / "out", split, "source-target", ("source", "target")) == [n, n]
     assert {len(a.split()) for a in lines(tmp_path / "work" / "text" / "train.source")} == {400}
+
+
+def test_cnn_dm_counts_what_it_made(tmp_path, capfd):  # capfd: sentencepiece writes to the real stderr
+    counts = fx.write_cnn_dm_lines(tmp_path / "raw")
+    run(cnn, "--raw", tmp_path / "raw", *dirs(tmp_path), "--vocab-size", 200)
+    assert (f"article-summary pairs: train {counts['train']}, valid {counts['valid']}, test {counts['test']} "
+            "(the official archives give: examples/cnn_dm/README.md)") in capfd.readouterr().err
 
 
 def test_cnn_dm_missing_files_are_named(tmp_path):
@@ -253,7 +320,7 @@ def test_wikitext_downloaded(tmp_path, monkeypatch, server):
 
     def preprocess_dies_half_way(cmd, **kwargs):
         out = Path(cmd[cmd.index("--destdir") + 1])
-        out.mkdir(parents=True)
+        out.mkdir(parents=True, exist_ok=True)
         (out / "train.bin").write_bytes(b"half")
         return subprocess.CompletedProcess(cmd, 1)
 
@@ -271,6 +338,22 @@ def test_wikitext_downloaded(tmp_path, monkeypatch, server):
         assert len(data_utils.load_indexed_dataset(str(dest / split), d)) == n
     assert "known" in d and "@-@" in d and d.index("<unk>") == d.unk()
     assert not (dest.parent / "out.tmp").exists() and _Server.ranges == [None]
+
+
+def test_wikitext_counts_lines_and_tokens_as_fairseq(tmp_path, capsys):
+    counts = fx.write_wikitext(tmp_path / "raw")
+    run(wiki, "--raw", tmp_path / "raw", *dirs(tmp_path))
+    tokens = {split: sum(len(line.split()) + 1 for line in lines(tmp_path / "raw" / "wikitext-103" /
+                                                                 f"wiki.{split}.tokens"))
+              for split in counts}
+    d = Dictionary.load(str(tmp_path / "data-bin" / "out" / "dict.txt"))
+    datasets = {split: data_utils.load_indexed_dataset(str(tmp_path / "data-bin" / "out" / split), d)
+                for split in counts}
+    binarized = {split: int(dataset.sizes.sum()) for split, dataset in datasets.items()}
+    assert binarized == tokens  # fairseq's count: what fairseq-eval-lm reports as evaluated tokens
+    err = capsys.readouterr().err
+    assert f"lines: train {counts['train']:,}, valid {counts['valid']:,}, test {counts['test']:,}" in err
+    assert f"tokens: train {tokens['train']:,}, valid {tokens['valid']:,}, test {tokens['test']:,}" in err
 
 
 def test_wikitext_missing_file_is_named(tmp_path):

@@ -518,6 +518,16 @@ def test_average_errors_are_one_line_and_write_nothing(tmp_path):
     assert not out.exists() and not list(tmp_path.glob("*.tmp"))
 
 
+def test_the_average_gets_the_umasks_permissions(tmp_path):
+    _checkpoint(tmp_path / "a.pt", seed=1)
+    previous = os.umask(0o022)
+    try:
+        average("--inputs", tmp_path / "a.pt", "--output", tmp_path / "avg.pt")
+    finally:
+        os.umask(previous)
+    assert os.stat(tmp_path / "avg.pt").st_mode & 0o777 == 0o644  # as torch.save would have made it
+
+
 class Payload:
     def __reduce__(self):
         return (os.system, ("echo this checkpoint ran code",))
@@ -664,6 +674,43 @@ def test_several_outputs_are_ranked_best_first(tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert [line.split("\t")[1] for line in lines] == [str(good), str(bad)]
     assert float(lines[0].split("\t")[0]) == 100.0 > float(lines[1].split("\t")[0])
+
+
+def cut(path: Path, lines: int) -> Path:
+    """What a fairseq-generate run killed after writing `lines` lines leaves."""
+    path.write_text("".join(path.read_text().splitlines(keepends=True)[:lines]))
+    return path
+
+
+def test_an_output_cut_short_is_refused_unless_a_subset_is_asked_for(tmp_path, capsys):
+    pairs = [("a b c d", "a b c d"), ("e f g h", "e f x h"), ("i j k l", "i j k l")]
+    gen = cut(generate_output(tmp_path / "gen.out", pairs, order=[1, 2, 0]), 10)  # sentences 1 and 2 only
+    message = error_of(score, "--metric", "bleu", "--gen", gen)
+    assert "closing line" in message and "--allow-subset" in message
+    score("--metric", "bleu", "--gen", gen, "--allow-subset")
+    captured = capsys.readouterr()
+    assert "of 2 sentences" in captured.out and "scoring the 2 sentences it has, of 3 or more" in captured.err
+    # and in a tuning run: the half-written output is not ranked first, the run stops naming it
+    complete = generate_output(tmp_path / "complete.out", [("a b c d", "a b c d"), ("e f g h", "e f x h"),
+                                                           ("i j k l", "i j k x")])
+    assert str(gen) in error_of(score, "--metric", "bleu", "--gen", complete, gen)
+    assert capsys.readouterr().out == ""
+
+
+def test_sentences_fairseq_left_out_are_named(tmp_path, capsys):
+    pairs = [("a b c d", "a b c d")] * 4
+    gen = generate_output(tmp_path / "gen.out", pairs, order=[0, 1, 3])  # a batch dropped: sentence 2
+    assert "none for sentences 2" in error_of(score, "--metric", "bleu", "--gen", gen)
+    # the split's size, as fairseq logs it when loading the split (in its format, or Python's when fairseq's
+    # logging set-up came too late), reveals a missing last sentence too
+    for log_line in ("2024-01-01 00:00:00 | INFO | fairseq.tasks.translation | data-bin/x test de-en 5 examples",
+                     "INFO:fairseq.tasks.translation:data-bin/x test de-en 5 examples"):
+        logged = tmp_path / "logged.out"
+        logged.write_text(log_line + "\n" + generate_output(tmp_path / "all4.out", pairs).read_text())
+        message = error_of(score, "--metric", "bleu", "--gen", logged)
+        assert "the split has 5 sentences (none for sentences 4)" in message and "--required-batch-size" in message
+        score("--metric", "bleu", "--gen", logged, "--allow-subset", "--quiet")
+        assert capsys.readouterr().out.strip() == "100.00"
 
 
 def test_score_errors_are_one_line(tmp_path):

@@ -9,6 +9,7 @@ import torch
 
 from cli import run, run_module
 from data_prep import toy_tasks as tt
+from data_prep.files import atomic_folder
 from fairseq_feedback import demo, evaluate_toy
 
 SIZES = {"train": 24, "valid": 4, "test": 7}
@@ -81,6 +82,15 @@ def test_bad_predictions_and_arguments_are_one_line(tmp_path):
     write(tmp_path / "x.pt", [["not", "a", "checkpoint"]])
     assert "not a readable fairseq checkpoint" in main_error("--task", "random_walk", "--data", tmp_path,
                                                              "--path", tmp_path / "x.pt")
+
+
+def test_predictions_get_the_umasks_permissions(tmp_path):
+    previous = os.umask(0o022)
+    try:
+        evaluate_toy.write_lines(str(tmp_path / "pred.txt"), [["c1", "c2"]])
+    finally:
+        os.umask(previous)
+    assert os.stat(tmp_path / "pred.txt").st_mode & 0o777 == 0o644  # readable by others, as any file they write
 
 
 # --- a trained checkpoint, end to end --------------------------------------------------------
@@ -169,21 +179,25 @@ def test_demo_table_and_plot(tmp_path):
     assert (tmp_path / "a.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def demo_folder(out, results):
+    """Builds a demo's folder as demo.run does, holding only results.md; returns where it was built."""
+    with atomic_folder(out, check=demo.check_replaceable) as new:
+        (new / demo.MARKER).write_text("")
+        (new / "results.md").write_text(results)
+    return new
+
+
 def test_demo_replaces_only_its_own_folder(tmp_path):
     out = tmp_path / "demo"
     for attempt in range(2):  # a fresh folder, then a previous demo's
-        new = tmp_path / f"new{attempt}"
-        new.mkdir()
-        (new / demo.MARKER).write_text("")
-        (new / "results.md").write_text(str(attempt))
-        demo.replace_folder(str(new), str(out))
+        new = demo_folder(out, str(attempt))
         assert (out / "results.md").read_text() == str(attempt) and not new.exists()
     assert sorted(os.listdir(tmp_path)) == ["demo"]  # the previous one is gone, nothing left over
     other = tmp_path / "mine"
     other.mkdir()
     (other / "thesis.tex").write_text("")
     with pytest.raises(demo.DemoError, match="not a folder this demo wrote"):
-        demo.replace_folder(str(new), str(other))
+        demo_folder(other, "new")
     assert (other / "thesis.tex").exists()
 
 

@@ -1,0 +1,82 @@
+"""Outputs that appear complete or not at all, and the one-line error every command stops with.
+
+Here rather than in fairseq_feedback: importing any fairseq_feedback module first runs its
+__init__ (fairseq's import, about 3 s, and the plugin's set-up), which the data scripts do without.
+"""
+
+import contextlib
+import os
+import shutil
+from pathlib import Path
+from typing import Callable, Iterator, NoReturn, Optional, Union
+
+PathLike = Union[str, os.PathLike]
+
+
+def fail(message: str) -> NoReturn:
+    """A mistake the user can fix: one line on stderr, exit status 1, no traceback."""
+    raise SystemExit(f"error: {message}")
+
+
+def partial_path(path: Path) -> Path:
+    # A fixed name beside the output, not a random one: the next run removes
+    # what a killed run (even kill -9) left there.
+    return path.with_name(path.name + ".tmp")
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
+
+
+@contextlib.contextmanager
+def atomic_file(path: PathLike, mode: str = "w", **open_kwargs) -> Iterator:
+    """An open file that becomes `path` (replacing what was there) only when
+    the block ends without an error; after an error `path` is as it was."""
+    path = Path(path)
+    partial = partial_path(path)
+    try:
+        # open() creates the file with the umask's permissions (mkstemp's would be private)
+        with open(partial, mode, **open_kwargs) as f:
+            yield f
+        os.replace(partial, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            partial.unlink()
+        raise
+
+
+@contextlib.contextmanager
+def atomic_folder(path: PathLike, check: Optional[Callable[[Path], None]] = None) -> Iterator[Path]:
+    """An empty folder to build in, which becomes `path` (replacing what was
+    there) only when the block ends without an error; after an error it is
+    removed and `path` is as it was.
+
+    check(path) may refuse, by raising, to replace what is at `path`; it runs
+    before the build and again before the swap, since a build can take hours.
+    """
+    path = Path(path).absolute()
+    if check is not None:
+        check(path)
+    partial = partial_path(path)
+    if partial.exists() or partial.is_symlink():
+        _remove(partial)
+    partial.mkdir(parents=True)  # the umask's permissions (mkdtemp's would be private)
+    try:
+        yield partial
+        if check is not None:
+            check(path)
+        if path.exists() or path.is_symlink():
+            previous = path.with_name(path.name + ".old")
+            if previous.exists() or previous.is_symlink():
+                _remove(previous)
+            path.rename(previous)
+            partial.rename(path)
+            _remove(previous)
+        else:
+            partial.rename(path)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
