@@ -1,11 +1,37 @@
-"""The one-line errors of the plugin stay inside the command-line tools."""
+"""Faults lose nothing: checkpoints are complete or absent, and a truncated
+checkpoint_last.pt is passed over; and the one-line errors stay inside the
+command-line tools."""
 
 import os
+import shutil
 import subprocess
 import sys
 
 import pytest
-from cli import ENV, PLUGIN, error_lines
+import torch
+from cli import ENV, PLUGIN, error_lines, last_number, run
+from test_translation_cli import MODEL, preprocess
+
+from data_prep.synthetic_translation import write_corpus
+
+# SGD and no dropout: parameters of two runs on the same batches are equal, not
+# only close (Adam rescales float noise of zero gradients into full steps)
+SGD = ["--optimizer", "sgd", "--lr", "0.5", "--disable-validation"]
+TRANSLATION = [*MODEL, *SGD, "--batch-size", 8, "--required-batch-size-multiple", 1]
+
+
+@pytest.fixture(scope="module")
+def translation_data(tmp_path_factory):
+    """80 sentence pairs: 10 batches of 8 per epoch."""
+    root = tmp_path_factory.mktemp("reliability")
+    write_corpus(str(root / "corpus"), {"train": 80, "valid": 8, "test": 8}, vocab=12, max_len=8)
+    preprocess(root / "corpus", root / "data-bin")
+    return root / "data-bin"
+
+
+def updates(path):
+    return torch.load(path)["optimizer_history"][-1]["num_updates"]
+
 
 # ------------------------------------------------------------ one-line errors
 
@@ -35,3 +61,95 @@ def test_fairseq_tools_still_print_the_plugins_errors_as_one_line(tmp_path, how)
                            "--memory-span", "0"], env=ENV, capture_output=True, text=True)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert error_lines(proc) == ["error: --memory-span must be at least 1, got 0"]
+
+
+# ---------------------------------------------------------------- checkpoints
+
+
+def test_a_copy_cut_short_leaves_the_old_checkpoint_in_place(tmp_path, monkeypatch):
+    """fairseq's save_checkpoint copies its first file to the other names with
+    checkpoint_utils.PathManager.copy; here a Ctrl-C arrives halfway."""
+    from fairseq import checkpoint_utils
+
+    new, last = tmp_path / "checkpoint_1_20.pt", tmp_path / "checkpoint_last.pt"
+    torch.save({"model": {"w": torch.ones(100_000)}}, new)
+    torch.save({"model": {"w": torch.zeros(100_000)}}, last)
+    sendfile = os.sendfile
+
+    def interrupted(out_fd, in_fd, offset, count):
+        sendfile(out_fd, in_fd, offset, os.fstat(in_fd).st_size // 2)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "sendfile", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint_utils.PathManager.copy(str(new), str(last), overwrite=True)
+    monkeypatch.undo()
+    assert torch.load(last)["model"]["w"].sum() == 0
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint_1_20.pt", "checkpoint_last.pt"]
+
+
+KILL_DURING_THE_COPY = """
+import os, runpy, signal, sys
+
+sendfile = os.sendfile
+
+def killed(out_fd, in_fd, offset, count):
+    # kill -9 halfway through copying update 6's checkpoint to checkpoint_last.pt
+    if os.readlink(f"/proc/self/fd/{in_fd}").endswith("checkpoint_1_6.pt") and \\
+            "checkpoint_last" in os.readlink(f"/proc/self/fd/{out_fd}"):
+        sendfile(out_fd, in_fd, offset, os.fstat(in_fd).st_size // 2)
+        os.kill(os.getpid(), signal.SIGKILL)
+    return sendfile(out_fd, in_fd, offset, count)
+
+os.sendfile = killed
+sys.argv = ["fairseq-train", *sys.argv[1:]]
+runpy.run_module("fairseq_cli.train", run_name="__main__")
+"""
+
+
+@pytest.fixture(scope="module")
+def killed_run(translation_data, tmp_path_factory):
+    """fairseq-train killed while it copies its second checkpoint (update 6)
+    to checkpoint_last.pt; the first (update 3) is complete."""
+    save_dir = tmp_path_factory.mktemp("killed")
+    args = [translation_data, *TRANSLATION, "--save-interval-updates", 3, "--max-update", 6,
+            "--save-dir", save_dir, "--user-dir", PLUGIN]
+    proc = subprocess.run([sys.executable, "-c", KILL_DURING_THE_COPY, *map(str, args)], env=ENV,
+                          capture_output=True, text=True)
+    assert proc.returncode == -9, proc.stderr[-3000:]
+    return save_dir
+
+
+def test_a_killed_save_leaves_every_checkpoint_complete(killed_run):
+    finished = sorted(name for name in os.listdir(killed_run) if name.endswith(".pt"))
+    assert finished == ["checkpoint_1_3.pt", "checkpoint_1_6.pt", "checkpoint_last.pt"]
+    assert [updates(killed_run / name) for name in finished] == [3, 6, 3]
+
+
+def test_after_a_killed_save_training_resumes_from_checkpoint_last(killed_run, translation_data, tmp_path):
+    shutil.copytree(killed_run, tmp_path, dirs_exist_ok=True)
+    log = run("train", translation_data, *TRANSLATION, "--max-update", 8, "--save-dir", tmp_path).stdout
+    assert "@ 3 updates" in log and last_number(r"num_updates (\d+)", log) == 8
+
+
+def test_a_truncated_checkpoint_last_is_passed_over_for_the_newest_complete_one(killed_run, translation_data,
+                                                                                   tmp_path):
+    shutil.copytree(killed_run, tmp_path, dirs_exist_ok=True)
+    last = tmp_path / "checkpoint_last.pt"
+    last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])
+    proc = run("train", translation_data, *TRANSLATION, "--max-update", 8, "--save-dir", tmp_path)
+    warnings = [line for line in proc.stdout.splitlines() if "is truncated" in line]  # fairseq-train logs to stdout
+    assert len(warnings) == 1, proc.stdout[-3000:]
+    assert f"{last} is truncated (a save was cut short): resuming from {tmp_path / 'checkpoint_1_6.pt'}" \
+           in warnings[0]
+    assert "@ 6 updates" in proc.stdout and last_number(r"num_updates (\d+)", proc.stdout) == 8
+    assert updates(last) == 8
+
+
+def test_a_truncated_checkpoint_last_alone_is_one_line(killed_run, translation_data, tmp_path):
+    last = tmp_path / "checkpoint_last.pt"
+    last.write_bytes((killed_run / "checkpoint_last.pt").read_bytes()[:1000])
+    proc = run("train", translation_data, *TRANSLATION, "--max-update", 8, "--save-dir", tmp_path, check=False)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert error_lines(proc) == [f"error: {last} is truncated (a save was cut short) and {tmp_path} holds no "
+                                 "complete checkpoint to resume from: delete it to start over"]
