@@ -1,6 +1,6 @@
-"""Faults lose nothing: checkpoints are complete or absent, and a truncated
-checkpoint_last.pt is passed over; and the one-line errors stay inside the
-command-line tools."""
+"""Faults lose nothing: checkpoints are complete or absent, a truncated
+checkpoint_last.pt is passed over, and a resumed run equals an uninterrupted
+one; and the one-line errors stay inside the command-line tools."""
 
 import os
 import shutil
@@ -10,6 +10,9 @@ import sys
 import pytest
 import torch
 from cli import ENV, PLUGIN, error_lines, last_number, run
+from test_lm_cli import MODEL as LM
+from test_lm_cli import preprocess as preprocess_lm
+from test_lm_cli import write_corpus as write_lm_corpus
 from test_translation_cli import MODEL, preprocess
 
 from data_prep.synthetic_translation import write_corpus
@@ -153,3 +156,65 @@ def test_a_truncated_checkpoint_last_alone_is_one_line(killed_run, translation_d
     assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert error_lines(proc) == [f"error: {last} is truncated (a save was cut short) and {tmp_path} holds no "
                                  "complete checkpoint to resume from: delete it to start over"]
+
+
+# ------------------------------------------------------------ exact resumption
+
+
+def parameters(save_dir):
+    return torch.load(save_dir / "checkpoint_last.pt")["model"]
+
+
+def assert_same_parameters(a, b):
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], atol=1e-6, rtol=0, msg=name)
+
+
+@pytest.mark.parametrize("task,first_half", [
+    ("translation", ["--max-update", 15]),  # stops in the middle of epoch 2
+    ("feedback_translation", ["--max-epoch", 1]),  # stops at the end of epoch 1
+])
+def test_resumed_translation_equals_uninterrupted(translation_data, tmp_path, task, first_half):
+    common = [translation_data, *TRANSLATION, "--task", task, "--max-epoch", 3]
+    run("train", *common, "--save-dir", tmp_path / "one-go")
+    run("train", *common, *first_half, "--save-dir", tmp_path / "resumed")
+    log = run("train", *common, "--save-dir", tmp_path / "resumed").stdout
+    assert "Loaded checkpoint" in log and last_number(r"num_updates (\d+)", log) == 30
+    assert_same_parameters(parameters(tmp_path / "one-go"), parameters(tmp_path / "resumed"))
+
+
+def test_new_batches_each_epoch_is_the_default_for_feedback_transformers_only():
+    from fairseq import options
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    def update_epoch_batch_itr(*argv):
+        args = options.parse_args_and_arch(options.get_training_parser(), ["data", *argv])
+        return convert_namespace_to_omegaconf(args).dataset.update_epoch_batch_itr
+
+    for task in ("translation", "feedback_translation"):
+        for arch in ("feedback_transformer", "feedback_transformer_iwslt_de_en", "feedback_transformer_wmt_en_de_big"):
+            assert update_epoch_batch_itr("--task", task, "--arch", arch) is True
+            assert update_epoch_batch_itr("--task", task, "--arch", arch, "--update-epoch-batch-itr", "False") is False
+    assert update_epoch_batch_itr("--arch", "transformer") is False  # fairseq's own models keep fairseq's default
+
+
+@pytest.fixture(scope="module")
+def lm_data(tmp_path_factory):
+    """About 430 tokens: 7 blocks of 4 streams x 16 tokens per epoch."""
+    root = tmp_path_factory.mktemp("lm")
+    write_lm_corpus(root / "corpus", 60)
+    preprocess_lm(root / "corpus", root / "data-bin")
+    return root / "data-bin"
+
+
+LM_TRAIN = [*LM, *SGD, "--tokens-per-sample", 16]
+
+
+def test_resumed_lm_at_an_epoch_boundary_equals_uninterrupted(lm_data, tmp_path):
+    common = [lm_data, *LM_TRAIN, "--batch-size", 4]
+    run("train", *common, "--max-epoch", 2, "--save-dir", tmp_path / "one-go")
+    run("train", *common, "--max-epoch", 1, "--save-dir", tmp_path / "resumed")
+    log = run("train", *common, "--max-epoch", 2, "--save-dir", tmp_path / "resumed").stdout
+    assert "Loaded checkpoint" in log
+    assert_same_parameters(parameters(tmp_path / "one-go"), parameters(tmp_path / "resumed"))
