@@ -1,6 +1,7 @@
 """Faults lose nothing: checkpoints are complete or absent, a truncated
-checkpoint_last.pt is passed over, and a resumed run equals an uninterrupted
-one; and the one-line errors stay inside the command-line tools."""
+checkpoint_last.pt is passed over, a resumed run equals an uninterrupted one,
+the streaming LM refuses to resume in another layout; and the one-line errors
+stay inside the command-line tools."""
 
 import os
 import shutil
@@ -9,7 +10,7 @@ import sys
 
 import pytest
 import torch
-from cli import ENV, PLUGIN, error_lines, last_number, run
+from cli import ENV, PLUGIN, error_lines, last_number, run, train_on_two_workers
 from test_lm_cli import MODEL as LM
 from test_lm_cli import preprocess as preprocess_lm
 from test_lm_cli import write_corpus as write_lm_corpus
@@ -32,38 +33,14 @@ def translation_data(tmp_path_factory):
     return root / "data-bin"
 
 
-def updates(path):
-    return torch.load(path)["optimizer_history"][-1]["num_updates"]
+def parameters(save_dir):
+    return torch.load(save_dir / "checkpoint_last.pt")["model"]
 
 
-# ------------------------------------------------------------ one-line errors
-
-
-USER_SCRIPT = """
-import fairseq_feedback
-
-open("my-own-missing-file.txt")
-"""
-
-
-@pytest.mark.parametrize("how", ["script", "module"])
-def test_a_users_program_importing_the_plugin_keeps_its_traceback(tmp_path, how):
-    (tmp_path / "mine.py").write_text(USER_SCRIPT)
-    command = ["mine.py"] if how == "script" else ["-m", "mine"]
-    proc = subprocess.run([sys.executable, *command], cwd=tmp_path, env=ENV, capture_output=True, text=True)
-    assert proc.returncode == 1
-    assert "Traceback" in proc.stderr and 'open("my-own-missing-file.txt")' in proc.stderr
-    assert proc.stderr.splitlines()[-1].startswith("FileNotFoundError: [Errno 2] No such file or directory")
-
-
-@pytest.mark.parametrize("how", ["console script", "python -m"])
-def test_fairseq_tools_still_print_the_plugins_errors_as_one_line(tmp_path, how):
-    command = ([os.path.join(os.path.dirname(sys.executable), "fairseq-train")] if how == "console script"
-               else [sys.executable, "-m", "fairseq_cli.train"])
-    proc = subprocess.run([*command, tmp_path, "--user-dir", PLUGIN, "--arch", "feedback_transformer",
-                           "--memory-span", "0"], env=ENV, capture_output=True, text=True)
-    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    assert error_lines(proc) == ["error: --memory-span must be at least 1, got 0"]
+def assert_same_parameters(a, b):
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], atol=1e-6, rtol=0, msg=name)
 
 
 # ---------------------------------------------------------------- checkpoints
@@ -123,6 +100,10 @@ def killed_run(translation_data, tmp_path_factory):
     return save_dir
 
 
+def updates(path):
+    return torch.load(path)["optimizer_history"][-1]["num_updates"]
+
+
 def test_a_killed_save_leaves_every_checkpoint_complete(killed_run):
     finished = sorted(name for name in os.listdir(killed_run) if name.endswith(".pt"))
     assert finished == ["checkpoint_1_3.pt", "checkpoint_1_6.pt", "checkpoint_last.pt"]
@@ -159,16 +140,6 @@ def test_a_truncated_checkpoint_last_alone_is_one_line(killed_run, translation_d
 
 
 # ------------------------------------------------------------ exact resumption
-
-
-def parameters(save_dir):
-    return torch.load(save_dir / "checkpoint_last.pt")["model"]
-
-
-def assert_same_parameters(a, b):
-    assert a.keys() == b.keys()
-    for name in a:
-        torch.testing.assert_close(b[name], a[name], atol=1e-6, rtol=0, msg=name)
 
 
 @pytest.mark.parametrize("task,first_half", [
@@ -218,3 +189,73 @@ def test_resumed_lm_at_an_epoch_boundary_equals_uninterrupted(lm_data, tmp_path)
     log = run("train", *common, "--max-epoch", 2, "--save-dir", tmp_path / "resumed").stdout
     assert "Loaded checkpoint" in log
     assert_same_parameters(parameters(tmp_path / "one-go"), parameters(tmp_path / "resumed"))
+
+
+# ------------------------------------------------------------ streaming layout
+
+
+@pytest.fixture(scope="module")
+def lm_mid_epoch(lm_data, tmp_path_factory):
+    """Stopped after 3 of the 7 blocks of epoch 1, in 4 streams of 16 tokens."""
+    save_dir = tmp_path_factory.mktemp("mid-epoch")
+    run("train", lm_data, *LM_TRAIN, "--batch-size", 4, "--max-update", 3, "--save-dir", save_dir)
+    return save_dir
+
+
+@pytest.mark.parametrize("layout,now", [
+    (["--batch-size", 2], "2 streams of 16-token blocks"),
+    (["--batch-size", 4, "--tokens-per-sample", 8], "4 streams of 8-token blocks"),
+])
+def test_resuming_mid_epoch_in_another_stream_layout_is_one_line(lm_data, lm_mid_epoch, tmp_path, layout, now):
+    shutil.copy(lm_mid_epoch / "checkpoint_last.pt", tmp_path)
+    proc = run("train", lm_data, *LM_TRAIN, *layout, "--max-update", 6, "--save-dir", tmp_path, check=False)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert error_lines(proc) == [
+        "error: the checkpoint stopped 3 blocks into epoch 1 with 4 streams of 16-token blocks; this run would "
+        f"continue in {now}, training some tokens twice: resume with --tokens-per-sample 16 and 4 streams "
+        "(--batch-size x workers), or pass --reset-dataloader to start the data over at epoch 1"]
+    assert updates(tmp_path / "checkpoint_last.pt") == 3  # nothing was trained or written
+
+
+def test_the_same_streams_on_two_workers_resume_and_reset_dataloader_starts_over(lm_data, lm_mid_epoch, tmp_path):
+    shutil.copy(lm_mid_epoch / "checkpoint_last.pt", tmp_path / "checkpoint_last.pt")
+    log = train_on_two_workers(lm_data, *LM_TRAIN, "--batch-size", 2, "--max-update", 5,
+                               "--ddp-backend", "legacy_ddp", "--save-dir", tmp_path)
+    assert "@ 3 updates" in log and "in 4 streams of" in log
+    state = torch.load(tmp_path / "checkpoint_last.pt")["extra_state"]["train_iterator"]
+    assert (state["epoch"], state["iterations_in_epoch"]) == (1, 5)
+
+    log = run("train", lm_data, *LM_TRAIN, "--batch-size", 2, "--max-update", 7, "--reset-dataloader",
+              "--save-dir", tmp_path).stdout
+    state = torch.load(tmp_path / "checkpoint_last.pt")["extra_state"]["train_iterator"]
+    assert (state["epoch"], state["iterations_in_epoch"]) == (1, 2)
+
+
+# ------------------------------------------------------------ one-line errors
+
+
+USER_SCRIPT = """
+import fairseq_feedback
+
+open("my-own-missing-file.txt")
+"""
+
+
+@pytest.mark.parametrize("how", ["script", "module"])
+def test_a_users_program_importing_the_plugin_keeps_its_traceback(tmp_path, how):
+    (tmp_path / "mine.py").write_text(USER_SCRIPT)
+    command = ["mine.py"] if how == "script" else ["-m", "mine"]
+    proc = subprocess.run([sys.executable, *command], cwd=tmp_path, env=ENV, capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert "Traceback" in proc.stderr and 'open("my-own-missing-file.txt")' in proc.stderr
+    assert proc.stderr.splitlines()[-1].startswith("FileNotFoundError: [Errno 2] No such file or directory")
+
+
+@pytest.mark.parametrize("how", ["console script", "python -m"])
+def test_fairseq_tools_still_print_the_plugins_errors_as_one_line(tmp_path, how):
+    command = ([os.path.join(os.path.dirname(sys.executable), "fairseq-train")] if how == "console script"
+               else [sys.executable, "-m", "fairseq_cli.train"])
+    proc = subprocess.run([*command, tmp_path, "--user-dir", PLUGIN, "--arch", "feedback_transformer",
+                           "--memory-span", "0"], env=ENV, capture_output=True, text=True)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert error_lines(proc) == ["error: --memory-span must be at least 1, got 0"]
