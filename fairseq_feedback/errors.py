@@ -4,8 +4,11 @@ fairseq's command-line tools let every exception escape with a traceback,
 even for a mistyped option or a missing dictionary. Importing the plugin
 (--user-dir) installs an exception hook that prints the failures listed here
 as one line naming the fix; any other exception keeps its full traceback.
+The hook acts only in fairseq's command-line tools and this package's: a
+program of one's own that imports the plugin keeps every traceback.
 """
 
+import os
 import re
 import sys
 
@@ -32,13 +35,26 @@ def _one_line(exc: BaseException):
     return None
 
 
+def _running_a_tool() -> bool:
+    """Whether this process is one of fairseq's command-line tools or this
+    package's, started as `python -m fairseq_cli.train` (and the like) or as a
+    console script (fairseq-train, feedback-score)."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None:
+        return spec.name.startswith(("fairseq_cli.", "fairseq_feedback."))
+    script = os.path.basename(sys.argv[0]) if sys.argv else ""
+    return script.startswith(("fairseq-", "feedback-"))
+
+
 def install_excepthook() -> None:
     previous = sys.excepthook
     if getattr(previous, "_fairseq_feedback", False):
         return
 
     def hook(exc_type, exc, tb):
-        line = _one_line(exc)
+        # decided here, not at import: `python -m` imports a tool's package
+        # before it makes the tool __main__
+        line = _one_line(exc) if _running_a_tool() else None
         if line is None:
             previous(exc_type, exc, tb)
         else:

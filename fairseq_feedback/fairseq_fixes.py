@@ -1,17 +1,24 @@
-"""A fix for a fairseq bug that would silently change results.
+"""Fixes for fairseq bugs that would silently change results or lose work.
 
 fairseq's batch_by_size (main since 2022, so fairseq-fixed) drops the last
 batch when its size is not a multiple of --required-batch-size-multiple
 (default 8): fairseq-generate then leaves test sentences out of its BLEU
 without a word, and training skips them (fairseq issues 5036 and 5351).
 Batches stay as fairseq makes them; the sentences of the dropped batch come
-back as a last batch of their own. Applied when the plugin is imported.
+back as a last batch of their own.
+
+fairseq copies checkpoints in place, so an interrupted save can leave a
+truncated checkpoint_last.pt that the next run cannot resume from; see
+checkpoints.py. All are applied when the plugin is imported.
 """
 
 import functools
 
 import numpy as np
+from fairseq import checkpoint_utils
 from fairseq.data import data_utils
+
+from .checkpoints import AtomicCopyPathManager, resume_from_a_complete_checkpoint
 
 
 def _keep_every_sentence(batch_by_size):
@@ -30,3 +37,8 @@ def _keep_every_sentence(batch_by_size):
 def apply_fairseq_fixes() -> None:
     if not getattr(data_utils.batch_by_size, "keeps_every_sentence", False):
         data_utils.batch_by_size = _keep_every_sentence(data_utils.batch_by_size)
+    if checkpoint_utils.PathManager is not AtomicCopyPathManager:
+        # save_checkpoint copies with the PathManager of its module: only checkpoints change
+        checkpoint_utils.PathManager = AtomicCopyPathManager
+        # fairseq-train resumes through this function; no hook precedes it
+        checkpoint_utils.load_checkpoint = resume_from_a_complete_checkpoint(checkpoint_utils.load_checkpoint)

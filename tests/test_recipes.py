@@ -307,6 +307,15 @@ def check_three_launches(trains, arch, run: Run):
     assert run.calls("torchrun"), "torchrun was not called"
 
 
+def check_exact_resumption(trains):
+    """Every model of a translation recipe, fairseq's too, batches each epoch
+    anew, so that a resumed run trains on the batches an uninterrupted one would."""
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    for call in trains:
+        assert convert_namespace_to_omegaconf(parsed_train_args(call)).dataset.update_epoch_batch_itr, call["written"]
+
+
 def hypotheses(path: Path) -> Dict[int, str]:
     out = {}
     for line in path.read_text().splitlines():
@@ -329,6 +338,7 @@ def test_iwslt14_recipe(runs, name):
     output = run.wait()
     trains = check_paper_hyperparameters(run)
     check_three_launches(trains, "feedback_transformer_iwslt_de_en", run)
+    check_exact_resumption(trains)
     archs = {parsed_train_args(c).arch for c in trains}
     assert archs == {"feedback_transformer_iwslt_de_en", "transformer_iwslt_de_en"}
     printed = []
@@ -349,6 +359,7 @@ def test_wmt14_recipe(runs, name):
     output = run.wait()
     trains = check_paper_hyperparameters(run)
     check_three_launches(trains, "feedback_transformer_wmt_en_de_big", run)
+    check_exact_resumption(trains)
     assert "transformer_vaswani_wmt_en_de_big" in {parsed_train_args(c).arch for c in trains}
     averages = run.calls("feedback-average-checkpoints")
     assert averages and all("--num-epoch-checkpoints" in c["written"] and
@@ -372,6 +383,7 @@ def test_cnn_dm_recipe(runs, name):
     output = run.wait()
     trains = check_paper_hyperparameters(run)
     check_three_launches(trains, "feedback_transformer", run)
+    check_exact_resumption(trains)
     assert "transformer" in {parsed_train_args(c).arch for c in trains}
     generates = [c["written"] for c in run.calls("fairseq-generate")]
     assert generates and all(g[g.index("--no-repeat-ngram-size") + 1] == "3" and g[g.index("--beam") + 1] == "5"

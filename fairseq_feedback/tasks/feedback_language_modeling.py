@@ -163,7 +163,8 @@ class FeedbackLanguageModelingTask(AdaptiveSpanLossMixin, LanguageModelingTask):
         rows = max_sentences or max(1, (max_tokens or block) // block)
         streams = dataset.blocks(block, self.source_dictionary, self.output_dictionary, self.args.ignore_label,
                                  rows, num_shards, shard_id)
-        return iterators.EpochBatchIterator(
+        return StreamBatchIterator(
+            {"streams": rows * num_shards, "tokens_per_sample": block},
             dataset=streams,
             collate_fn=streams.collater,
             batch_sampler=[[k] for k in range(len(streams))],
@@ -182,6 +183,35 @@ class FeedbackLanguageModelingTask(AdaptiveSpanLossMixin, LanguageModelingTask):
         return self.get_batch_iterator(dataset, max_tokens=max_tokens, max_sentences=batch_size,
                                        max_positions=max_positions, num_shards=num_shards, shard_id=shard_id,
                                        num_workers=num_workers).next_epoch_itr(shuffle=False)
+
+
+class StreamBatchIterator(iterators.EpochBatchIterator):
+    """fairseq's epoch iterator, whose state (saved in checkpoints) also holds
+    the layout of the streams: block k of one layout is other tokens than
+    block k of another, so a run resumed mid-epoch in another layout would
+    train some tokens twice and others never."""
+
+    def __init__(self, layout, **kwargs):
+        super().__init__(**kwargs)
+        self.layout = layout
+
+    def state_dict(self):
+        return {**super().state_dict(), "layout": self.layout}
+
+    def load_state_dict(self, state_dict):
+        saved, blocks = state_dict.get("layout"), state_dict.get("iterations_in_epoch", 0)
+        if blocks > 0 and saved is not None and saved != self.layout:
+            raise FeedbackUsageError(
+                f"the checkpoint stopped {blocks} blocks into epoch {state_dict['epoch']} with "
+                f"{_describe(saved)}; this run would continue in {_describe(self.layout)}, training some "
+                f"tokens twice: resume with --tokens-per-sample {saved['tokens_per_sample']} and "
+                f"{saved['streams']} streams (--batch-size x workers), or pass --reset-dataloader "
+                "to start the data over at epoch 1")
+        super().load_state_dict(state_dict)
+
+
+def _describe(layout):
+    return f"{layout['streams']} streams of {layout['tokens_per_sample']}-token blocks"
 
 
 class SplitStream(FairseqDataset):

@@ -1,0 +1,101 @@
+"""Checkpoints that never look complete when they are not.
+
+fairseq writes a save's first checkpoint to a temporary name and renames it,
+but copies it to the others (checkpoint_best.pt, checkpoint_last.pt) in place:
+a Ctrl-C, a kill or a full disk during that copy leaves a truncated
+checkpoint_last.pt, on which the next fairseq-train fails although complete
+copies lie beside it. Here every copy goes to a temporary name in the same
+folder and is renamed into place; and a run that finds checkpoint_last.pt
+truncated (by a copy of an older fairseq, say) says so and resumes from the
+newest complete checkpoint instead.
+
+"Complete" means torch.save's zip archive has its central directory, which
+is written last: a file cut short at any point lacks it. Nothing is
+unpickled to find out, so checkpoints are still loaded only by fairseq,
+with the allowlist of safe_checkpoints.py.
+"""
+
+import contextlib
+import copy
+import logging
+import os
+import re
+import shutil
+import zipfile
+
+from fairseq.file_io import PathManager
+from omegaconf import open_dict
+
+from .errors import FeedbackUsageError
+
+logger = logging.getLogger(__name__)
+
+
+class AtomicCopyPathManager(PathManager):
+    """fairseq's PathManager, whose copies appear whole or not at all."""
+
+    @staticmethod
+    def copy(src_path: str, dst_path: str, overwrite: bool = False):
+        if not PathManager.supports_rename(dst_path):  # remote storage: no rename to make it atomic
+            return PathManager.copy(src_path, dst_path, overwrite)
+        tmp = dst_path + ".tmp"
+        try:
+            shutil.copyfile(src_path, tmp)
+            os.replace(tmp, dst_path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
+            raise
+        return dst_path
+
+
+def is_complete(path: str) -> bool:
+    try:
+        with zipfile.ZipFile(path):
+            return True
+    except (zipfile.BadZipFile, OSError):
+        return False
+
+
+def newest_complete_checkpoint(save_dir: str, suffix: str = ""):
+    """The complete checkpoint fairseq-train wrote last in save_dir, or None.
+
+    Newest by modification time rather than by update number: not every name
+    carries the update number (checkpoint_best.pt, checkpointN.pt), and after a
+    run restarted from an earlier checkpoint, files of the abandoned run can
+    carry higher numbers than what the current run last wrote. Only fairseq's
+    own names count, so that an averaged checkpoint is never trained on.
+    """
+    names = re.compile(r"checkpoint(_best|\d+|_\d+_\d+|\.best_.+)" + re.escape(suffix) + r"\.pt")
+    paths = [os.path.join(save_dir, name) for name in os.listdir(save_dir) if names.fullmatch(name)]
+    for path in sorted(paths, key=lambda p: (os.stat(p).st_mtime_ns, p), reverse=True):
+        if is_complete(path):
+            return path
+    return None
+
+
+def resume_from_a_complete_checkpoint(load_checkpoint):
+    """Wraps fairseq's checkpoint_utils.load_checkpoint (what fairseq-train
+    resumes with): a truncated checkpoint_last.pt is passed over for the
+    newest complete checkpoint, with a warning naming both."""
+
+    def load(cfg, trainer, **kwargs):
+        suffix = trainer.checkpoint_suffix
+        last = os.path.join(cfg.save_dir, f"checkpoint_last{suffix}.pt")
+        if cfg.restore_file == "checkpoint_last.pt" and os.path.exists(last) and not is_complete(last):
+            newest = newest_complete_checkpoint(cfg.save_dir, suffix)
+            if newest is None:
+                raise FeedbackUsageError(
+                    f"{last} is truncated (a save was cut short) and {cfg.save_dir} holds no complete "
+                    "checkpoint to resume from: delete it to start over")
+            logger.warning(f"{last} is truncated (a save was cut short): resuming from {newest}, "
+                           "the newest complete checkpoint")
+            cfg = copy.deepcopy(cfg)
+            with open_dict(cfg):
+                # fairseq appends the suffix itself; with checkpoint_last.pt present,
+                # it would have ignored --finetune-from-model as well
+                cfg.restore_file = newest[: -len(f"{suffix}.pt")] + ".pt"
+                cfg.finetune_from_model = None
+        return load_checkpoint(cfg, trainer, **kwargs)
+
+    return load

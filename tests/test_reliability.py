@@ -1,0 +1,261 @@
+"""Faults lose nothing: checkpoints are complete or absent, a truncated
+checkpoint_last.pt is passed over, a resumed run equals an uninterrupted one,
+the streaming LM refuses to resume in another layout; and the one-line errors
+stay inside the command-line tools."""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+from cli import ENV, PLUGIN, error_lines, last_number, run, train_on_two_workers
+from test_lm_cli import MODEL as LM
+from test_lm_cli import preprocess as preprocess_lm
+from test_lm_cli import write_corpus as write_lm_corpus
+from test_translation_cli import MODEL, preprocess
+
+from data_prep.synthetic_translation import write_corpus
+
+# SGD and no dropout: parameters of two runs on the same batches are equal, not
+# only close (Adam rescales float noise of zero gradients into full steps)
+SGD = ["--optimizer", "sgd", "--lr", "0.5", "--disable-validation"]
+TRANSLATION = [*MODEL, *SGD, "--batch-size", 8, "--required-batch-size-multiple", 1]
+
+
+@pytest.fixture(scope="module")
+def translation_data(tmp_path_factory):
+    """80 sentence pairs: 10 batches of 8 per epoch."""
+    root = tmp_path_factory.mktemp("reliability")
+    write_corpus(str(root / "corpus"), {"train": 80, "valid": 8, "test": 8}, vocab=12, max_len=8)
+    preprocess(root / "corpus", root / "data-bin")
+    return root / "data-bin"
+
+
+def parameters(save_dir):
+    return torch.load(save_dir / "checkpoint_last.pt")["model"]
+
+
+def assert_same_parameters(a, b):
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], atol=1e-6, rtol=0, msg=name)
+
+
+# ---------------------------------------------------------------- checkpoints
+
+
+def test_a_copy_cut_short_leaves_the_old_checkpoint_in_place(tmp_path, monkeypatch):
+    """fairseq's save_checkpoint copies its first file to the other names with
+    checkpoint_utils.PathManager.copy; here a Ctrl-C arrives halfway."""
+    from fairseq import checkpoint_utils
+
+    new, last = tmp_path / "checkpoint_1_20.pt", tmp_path / "checkpoint_last.pt"
+    torch.save({"model": {"w": torch.ones(100_000)}}, new)
+    torch.save({"model": {"w": torch.zeros(100_000)}}, last)
+    sendfile = os.sendfile
+
+    def interrupted(out_fd, in_fd, offset, count):
+        sendfile(out_fd, in_fd, offset, os.fstat(in_fd).st_size // 2)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "sendfile", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint_utils.PathManager.copy(str(new), str(last), overwrite=True)
+    monkeypatch.undo()
+    assert torch.load(last)["model"]["w"].sum() == 0
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint_1_20.pt", "checkpoint_last.pt"]
+
+
+KILL_DURING_THE_COPY = """
+import os, runpy, signal, sys
+
+sendfile = os.sendfile
+
+def killed(out_fd, in_fd, offset, count):
+    # kill -9 halfway through copying update 6's checkpoint to checkpoint_last.pt
+    if os.readlink(f"/proc/self/fd/{in_fd}").endswith("checkpoint_1_6.pt") and \\
+            "checkpoint_last" in os.readlink(f"/proc/self/fd/{out_fd}"):
+        sendfile(out_fd, in_fd, offset, os.fstat(in_fd).st_size // 2)
+        os.kill(os.getpid(), signal.SIGKILL)
+    return sendfile(out_fd, in_fd, offset, count)
+
+os.sendfile = killed
+sys.argv = ["fairseq-train", *sys.argv[1:]]
+runpy.run_module("fairseq_cli.train", run_name="__main__")
+"""
+
+
+@pytest.fixture(scope="module")
+def killed_run(translation_data, tmp_path_factory):
+    """fairseq-train killed while it copies its second checkpoint (update 6)
+    to checkpoint_last.pt; the first (update 3) is complete."""
+    save_dir = tmp_path_factory.mktemp("killed")
+    args = [translation_data, *TRANSLATION, "--save-interval-updates", 3, "--max-update", 6,
+            "--save-dir", save_dir, "--user-dir", PLUGIN]
+    proc = subprocess.run([sys.executable, "-c", KILL_DURING_THE_COPY, *map(str, args)], env=ENV,
+                          capture_output=True, text=True)
+    assert proc.returncode == -9, proc.stderr[-3000:]
+    return save_dir
+
+
+def updates(path):
+    return torch.load(path)["optimizer_history"][-1]["num_updates"]
+
+
+def test_a_killed_save_leaves_every_checkpoint_complete(killed_run):
+    finished = sorted(name for name in os.listdir(killed_run) if name.endswith(".pt"))
+    assert finished == ["checkpoint_1_3.pt", "checkpoint_1_6.pt", "checkpoint_last.pt"]
+    assert [updates(killed_run / name) for name in finished] == [3, 6, 3]
+
+
+def test_after_a_killed_save_training_resumes_from_checkpoint_last(killed_run, translation_data, tmp_path):
+    shutil.copytree(killed_run, tmp_path, dirs_exist_ok=True)
+    log = run("train", translation_data, *TRANSLATION, "--max-update", 8, "--save-dir", tmp_path).stdout
+    assert "@ 3 updates" in log and last_number(r"num_updates (\d+)", log) == 8
+
+
+def test_a_truncated_checkpoint_last_is_passed_over_for_the_newest_complete_one(killed_run, translation_data,
+                                                                                   tmp_path):
+    shutil.copytree(killed_run, tmp_path, dirs_exist_ok=True)
+    last = tmp_path / "checkpoint_last.pt"
+    last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])
+    proc = run("train", translation_data, *TRANSLATION, "--max-update", 8, "--save-dir", tmp_path)
+    warnings = [line for line in proc.stdout.splitlines() if "is truncated" in line]  # fairseq-train logs to stdout
+    assert len(warnings) == 1, proc.stdout[-3000:]
+    assert f"{last} is truncated (a save was cut short): resuming from {tmp_path / 'checkpoint_1_6.pt'}" \
+           in warnings[0]
+    assert "@ 6 updates" in proc.stdout and last_number(r"num_updates (\d+)", proc.stdout) == 8
+    assert updates(last) == 8
+
+
+def test_a_truncated_checkpoint_last_alone_is_one_line(killed_run, translation_data, tmp_path):
+    last = tmp_path / "checkpoint_last.pt"
+    last.write_bytes((killed_run / "checkpoint_last.pt").read_bytes()[:1000])
+    proc = run("train", translation_data, *TRANSLATION, "--max-update", 8, "--save-dir", tmp_path, check=False)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert error_lines(proc) == [f"error: {last} is truncated (a save was cut short) and {tmp_path} holds no "
+                                 "complete checkpoint to resume from: delete it to start over"]
+
+
+# ------------------------------------------------------------ exact resumption
+
+
+@pytest.mark.parametrize("task,first_half", [
+    ("translation", ["--max-update", 15]),  # stops in the middle of epoch 2
+    ("feedback_translation", ["--max-epoch", 1]),  # stops at the end of epoch 1
+])
+def test_resumed_translation_equals_uninterrupted(translation_data, tmp_path, task, first_half):
+    common = [translation_data, *TRANSLATION, "--task", task, "--max-epoch", 3]
+    run("train", *common, "--save-dir", tmp_path / "one-go")
+    run("train", *common, *first_half, "--save-dir", tmp_path / "resumed")
+    log = run("train", *common, "--save-dir", tmp_path / "resumed").stdout
+    assert "Loaded checkpoint" in log and last_number(r"num_updates (\d+)", log) == 30
+    assert_same_parameters(parameters(tmp_path / "one-go"), parameters(tmp_path / "resumed"))
+
+
+def test_new_batches_each_epoch_is_the_default_for_feedback_transformers_only():
+    from fairseq import options
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    def update_epoch_batch_itr(*argv):
+        args = options.parse_args_and_arch(options.get_training_parser(), ["data", *argv])
+        return convert_namespace_to_omegaconf(args).dataset.update_epoch_batch_itr
+
+    for task in ("translation", "feedback_translation"):
+        for arch in ("feedback_transformer", "feedback_transformer_iwslt_de_en", "feedback_transformer_wmt_en_de_big"):
+            assert update_epoch_batch_itr("--task", task, "--arch", arch) is True
+            assert update_epoch_batch_itr("--task", task, "--arch", arch, "--update-epoch-batch-itr", "False") is False
+    assert update_epoch_batch_itr("--arch", "transformer") is False  # fairseq's own models keep fairseq's default
+
+
+@pytest.fixture(scope="module")
+def lm_data(tmp_path_factory):
+    """About 430 tokens: 7 blocks of 4 streams x 16 tokens per epoch."""
+    root = tmp_path_factory.mktemp("lm")
+    write_lm_corpus(root / "corpus", 60)
+    preprocess_lm(root / "corpus", root / "data-bin")
+    return root / "data-bin"
+
+
+LM_TRAIN = [*LM, *SGD, "--tokens-per-sample", 16]
+
+
+def test_resumed_lm_at_an_epoch_boundary_equals_uninterrupted(lm_data, tmp_path):
+    common = [lm_data, *LM_TRAIN, "--batch-size", 4]
+    run("train", *common, "--max-epoch", 2, "--save-dir", tmp_path / "one-go")
+    run("train", *common, "--max-epoch", 1, "--save-dir", tmp_path / "resumed")
+    log = run("train", *common, "--max-epoch", 2, "--save-dir", tmp_path / "resumed").stdout
+    assert "Loaded checkpoint" in log
+    assert_same_parameters(parameters(tmp_path / "one-go"), parameters(tmp_path / "resumed"))
+
+
+# ------------------------------------------------------------ streaming layout
+
+
+@pytest.fixture(scope="module")
+def lm_mid_epoch(lm_data, tmp_path_factory):
+    """Stopped after 3 of the 7 blocks of epoch 1, in 4 streams of 16 tokens."""
+    save_dir = tmp_path_factory.mktemp("mid-epoch")
+    run("train", lm_data, *LM_TRAIN, "--batch-size", 4, "--max-update", 3, "--save-dir", save_dir)
+    return save_dir
+
+
+@pytest.mark.parametrize("layout,now", [
+    (["--batch-size", 2], "2 streams of 16-token blocks"),
+    (["--batch-size", 4, "--tokens-per-sample", 8], "4 streams of 8-token blocks"),
+])
+def test_resuming_mid_epoch_in_another_stream_layout_is_one_line(lm_data, lm_mid_epoch, tmp_path, layout, now):
+    shutil.copy(lm_mid_epoch / "checkpoint_last.pt", tmp_path)
+    proc = run("train", lm_data, *LM_TRAIN, *layout, "--max-update", 6, "--save-dir", tmp_path, check=False)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert error_lines(proc) == [
+        "error: the checkpoint stopped 3 blocks into epoch 1 with 4 streams of 16-token blocks; this run would "
+        f"continue in {now}, training some tokens twice: resume with --tokens-per-sample 16 and 4 streams "
+        "(--batch-size x workers), or pass --reset-dataloader to start the data over at epoch 1"]
+    assert updates(tmp_path / "checkpoint_last.pt") == 3  # nothing was trained or written
+
+
+def test_the_same_streams_on_two_workers_resume_and_reset_dataloader_starts_over(lm_data, lm_mid_epoch, tmp_path):
+    shutil.copy(lm_mid_epoch / "checkpoint_last.pt", tmp_path / "checkpoint_last.pt")
+    log = train_on_two_workers(lm_data, *LM_TRAIN, "--batch-size", 2, "--max-update", 5,
+                               "--ddp-backend", "legacy_ddp", "--save-dir", tmp_path)
+    assert "@ 3 updates" in log and "in 4 streams of" in log
+    state = torch.load(tmp_path / "checkpoint_last.pt")["extra_state"]["train_iterator"]
+    assert (state["epoch"], state["iterations_in_epoch"]) == (1, 5)
+
+    log = run("train", lm_data, *LM_TRAIN, "--batch-size", 2, "--max-update", 7, "--reset-dataloader",
+              "--save-dir", tmp_path).stdout
+    state = torch.load(tmp_path / "checkpoint_last.pt")["extra_state"]["train_iterator"]
+    assert (state["epoch"], state["iterations_in_epoch"]) == (1, 2)
+
+
+# ------------------------------------------------------------ one-line errors
+
+
+USER_SCRIPT = """
+import fairseq_feedback
+
+open("my-own-missing-file.txt")
+"""
+
+
+@pytest.mark.parametrize("how", ["script", "module"])
+def test_a_users_program_importing_the_plugin_keeps_its_traceback(tmp_path, how):
+    (tmp_path / "mine.py").write_text(USER_SCRIPT)
+    command = ["mine.py"] if how == "script" else ["-m", "mine"]
+    proc = subprocess.run([sys.executable, *command], cwd=tmp_path, env=ENV, capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert "Traceback" in proc.stderr and 'open("my-own-missing-file.txt")' in proc.stderr
+    assert proc.stderr.splitlines()[-1].startswith("FileNotFoundError: [Errno 2] No such file or directory")
+
+
+@pytest.mark.parametrize("how", ["console script", "python -m"])
+def test_fairseq_tools_still_print_the_plugins_errors_as_one_line(tmp_path, how):
+    command = ([os.path.join(os.path.dirname(sys.executable), "fairseq-train")] if how == "console script"
+               else [sys.executable, "-m", "fairseq_cli.train"])
+    proc = subprocess.run([*command, tmp_path, "--user-dir", PLUGIN, "--arch", "feedback_transformer",
+                           "--memory-span", "0"], env=ENV, capture_output=True, text=True)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert error_lines(proc) == ["error: --memory-span must be at least 1, got 0"]
