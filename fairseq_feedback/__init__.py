@@ -9,6 +9,3 @@ install_excepthook()
 apply_fairseq_fixes()
 
 from . import models, tasks  # noqa: E402,F401  (registers the models and the task)
-from .exact_resume import exact_resume_by_default  # noqa: E402
-
-exact_resume_by_default()

@@ -29,6 +29,10 @@ class FeedbackTransformerModel(TransformerModel):
         super().add_args(parser)
         # defaults come from the architectures, as for the transformer's options
         gen_parser_from_dataclass(parser, FeedbackConfig(), delete_default=True)
+        # A resumed run trains on the batches an uninterrupted one does: fairseq
+        # otherwise keeps the batches of the epoch its iterator was made in, and a
+        # resumed run makes it in another epoch. A value given is kept.
+        parser.set_defaults(update_epoch_batch_itr=True)
 
     @classmethod
     def build_model(cls, args, task):
