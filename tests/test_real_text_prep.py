@@ -230,3 +230,28 @@ def test_docs_bad_inputs_are_one_line_errors(tmp_path):
     fx.write(tmp_path / "few" / "page.html", ["<p>One paragraph of prose is not enough for the three splits.</p>"])
     assert "a split has no text" in error_of(docs, "--raw", tmp_path / "few", *dirs(tmp_path))
     assert not (tmp_path / "data-bin").exists()
+
+
+# --------------------------------------------------------------- fixtures
+
+
+def test_the_fixtures_are_what_debian_and_gettext_tools_read(tmp_path, de_en_raw):
+    """The .deb, .mo and .po files above are real: dpkg-deb, gettext and msgfmt read them."""
+    import gettext
+    import io
+
+    raw, _ = de_en_raw
+    catalog = gettext.GNUTranslations(io.BytesIO((raw / "tar.mo").read_bytes()))
+    assert catalog.info()["language"] == "de" and len(catalog._catalog) == 4  # the header and 3 pairs
+    deb = next(raw.glob("inkscape_*.deb"))
+    if shutil.which("dpkg-deb"):
+        listing = subprocess.run(["dpkg-deb", "--contents", str(deb)], capture_output=True, text=True, check=True)
+        assert "./usr/share/locale/de/LC_MESSAGES/inkscape.mo" in listing.stdout
+        field = subprocess.run(["dpkg-deb", "--field", str(deb), "Version"], capture_output=True, text=True)
+        assert field.stdout.strip() == "1.2.2-2+b1"
+    if shutil.which("msgfmt"):
+        subprocess.run(["msgfmt", "--check", "-o", str(tmp_path / "de.mo"), str(raw / "gnucash" / "po" / "de.po")],
+                       check=True, capture_output=True)
+        compiled = gettext.GNUTranslations(io.BytesIO((tmp_path / "de.mo").read_bytes()))._catalog
+        assert compiled["Show the hidden files"] == "Die versteckten Dateien anzeigen"
+        assert "Delete all the old backups" not in compiled  # fuzzy: msgfmt leaves it out, as the script does
