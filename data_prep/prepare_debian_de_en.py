@@ -17,7 +17,7 @@ messages that are sentences, and makes a de-en corpus of them:
   message appears once in the corpus (case and spacing aside), in test if a
   test package has it, else in valid, else in train, so no test sentence is
   trained on, not even as another package's copy;
-- Moses-tokenized (true case), joint BPE (subword-nmt) learnt on train de+en,
+- Moses-tokenized (case kept), joint BPE (subword-nmt) learnt on train de+en,
   fairseq-preprocess with one joined dictionary.
 
 It prints, and writes to DEST/counts.json, what each package gave and the

@@ -16,7 +16,7 @@ and keeps its paragraphs that read as English prose:
   paragraph appears once in the corpus (case and spacing aside), in test if a
   test page has it, else valid, else train, so boilerplate repeated on many
   pages is never tested on after being trained on;
-- one paragraph per line, pages in order, Moses-tokenized (true case), BPE
+- one paragraph per line, pages in order, Moses-tokenized (case kept), BPE
   (subword-nmt) learnt on train, fairseq-preprocess --only-source: the data
   of `--task feedback_language_modeling` and of fairseq's language_modeling.
 
@@ -96,7 +96,8 @@ def paragraphs(page: bytes):
 
 def is_prose(paragraph: str) -> bool:
     words = paragraph.split()
-    return len(words) >= MIN_WORDS and sum(w.lower() in FUNCTION_WORDS for w in words) >= MIN_FUNCTION_WORDS * len(words)
+    function_words = sum(w.lower() in FUNCTION_WORDS for w in words)
+    return len(words) >= MIN_WORDS and function_words >= MIN_FUNCTION_WORDS * len(words)
 
 
 def split_of(page: str) -> str:

@@ -61,8 +61,8 @@ LM_TINY = ["--decoder-layers", 2, "--decoder-embed-dim", 16, "--decoder-ffn-embe
 # and output dims too); no adaptive softmax: it has none
 SAME_SIZE_LM_TINY = ["--decoder-layers", 2, "--decoder-embed-dim", 16, "--decoder-ffn-embed-dim", 32,
                      "--decoder-attention-heads", 2, "--decoder-input-dim", 16, "--decoder-output-dim", 16]
-TOY_TINY = ["--decoder-layers", 2, "--decoder-embed-dim", 16, "--decoder-ffn-embed-dim", 32, "--decoder-attention-heads", 2,
-            "--memory-span", 16]
+TOY_TINY = ["--decoder-layers", 2, "--decoder-embed-dim", 16, "--decoder-ffn-embed-dim", 32,
+            "--decoder-attention-heads", 2, "--memory-span", 16]
 # the README's --log-format stays (the curves read json logs); without one, fairseq logs simple lines off a terminal
 CPU_TRAIN = ["--cpu", "--num-workers", 0, "--required-batch-size-multiple", 1, "--log-interval", 1, "--seed", 1]
 
@@ -460,7 +460,8 @@ def test_debian_docs_recipe(runs, name):
         dims = [getattr(a, f"decoder_{side}_dim", a.decoder_embed_dim) for side in ("input", "output")]
         assert (a.decoder_layers, a.decoder_embed_dim, *dims, a.decoder_ffn_embed_dim, a.decoder_attention_heads,
                 a.dropout) == (4, 256, 256, 256, 1024, 4, 0.1)
-        assert a.batch_size * a.tokens_per_sample == 8192 and (a.lr, a.clip_norm, a.max_update) == ([0.0005], 0.1, 10000)
+        assert a.batch_size * a.tokens_per_sample == 8192
+        assert (a.lr, a.clip_norm, a.max_update) == ([0.0005], 0.1, 10000)
     perplexities = score_lines(output, r"Perplexity: ([\d.]+)")
     assert len(perplexities) == 3 and all(math.isfinite(p) for p in perplexities)
     bpe = (run.work / "data-raw" / "debian_docs" / "bpe" / "test.txt").read_text().splitlines()
@@ -496,7 +497,8 @@ def test_toy_recipe(runs, name):
         table = (run.work / "results" / "toy" / "table1.md").read_text()
         token, episode = (results[1][m] for m in METRICS[results[1]["task"]])
         assert f"| {task} | {model} | 4 | {100 * token:.1f} | {100 * episode:.1f} |" in table
-    assert sorted(p.name for p in (run.work / "results" / "toy").glob("*.png")) == sorted(f"{t}.png" for t in TOY_TABLE1)
+    plots = sorted(p.name for p in (run.work / "results" / "toy").glob("*.png"))
+    assert plots == sorted(f"{task}.png" for task in TOY_TABLE1)
     assert "Traceback" not in output
 
 
