@@ -30,6 +30,7 @@ setup(
             "feedback-benchmark = fairseq_feedback.benchmark:main",
             "feedback-average-checkpoints = fairseq_feedback.average_checkpoints:main",
             "feedback-score = fairseq_feedback.score:main",
+            "feedback-evaluate-toy = fairseq_feedback.evaluate_toy:cli",
         ],
     },
 )

@@ -1,8 +1,10 @@
 """Table-1 accuracy of a toy-task checkpoint (Fan et al. 2020, Table 1).
 
-    python -m fairseq_feedback.evaluate_toy --task random_walk --data DATA --path CKPT \\
+    feedback-evaluate-toy --task random_walk --data DATA --path CKPT \\
         [--split test] [--raw RAW/test.labels] [--output PRED] [--batch-size N] [--json]
-    python -m fairseq_feedback.evaluate_toy --task random_walk --predictions PRED --raw RAW/test.labels
+    feedback-evaluate-toy --task random_walk --predictions PRED --raw RAW/test.labels
+
+(or `python -m fairseq_feedback.evaluate_toy`, without installing the package).
 
 DATA is the data directory the model was trained on (fairseq-preprocess
 --only-source of the inputs, with the labels binarized into DATA/labels, or the
@@ -63,8 +65,8 @@ def build_parser():
 
 
 def load(path, data, tokens_per_sample=None):
-    """(model, fairseq task, cfg, updates) of a checkpoint trained with --labels,
-    its dictionaries read from `data`."""
+    """(model, fairseq task, cfg, progress) of a checkpoint trained with --labels,
+    its dictionaries read from `data`; progress: its updates and training seconds."""
     from fairseq import checkpoint_utils
 
     if not os.path.isfile(path):
@@ -86,10 +88,12 @@ def load(path, data, tokens_per_sample=None):
         raise FeedbackUsageError(f"{path} was not trained with --task {TASK} --labels: it does not predict "
                                  "toy-task labels")
     history = state.get("optimizer_history") or [{}]
-    updates = history[-1].get("num_updates")
+    progress = {"updates": history[-1].get("num_updates"),
+                # fairseq's cumulative wall time of training, over resumed runs too
+                "train_seconds": (state.get("extra_state") or {}).get("previous_training_time")}
     (model,), cfg, task = checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides=overrides,
                                                                          state=state)
-    return model, task, cfg, updates
+    return model, task, cfg, progress
 
 
 def predict(model, task, split, batch_size):
@@ -174,8 +178,8 @@ def score_files(task, labels_path, predictions_path):
 def evaluate(task, data, path, split="test", raw=None, output=None, batch_size=None, tokens_per_sample=None,
              cpu=False):
     """Evaluates a checkpoint on a split; writes its predictions and returns the
-    metrics, with the checkpoint's update count, lines, scored positions and
-    the predictions path."""
+    metrics, with the checkpoint's update count and training time, lines,
+    scored positions and the predictions path."""
     if task not in METRICS:
         raise FeedbackUsageError(f"unknown task {task!r}: one of {', '.join(sorted(METRICS))}")
     if batch_size is not None and batch_size < 1:
@@ -183,7 +187,7 @@ def evaluate(task, data, path, split="test", raw=None, output=None, batch_size=N
     if tokens_per_sample is not None and tokens_per_sample < 1:
         raise FeedbackUsageError(f"--tokens-per-sample must be positive, got {tokens_per_sample}")
     labels = read_labels(raw) if raw else None  # before the model: a bad path fails fast
-    model, fs_task, cfg, updates = load(path, data, tokens_per_sample)
+    model, fs_task, cfg, progress = load(path, data, tokens_per_sample)
     if torch.cuda.is_available() and not cpu:
         model.cuda()
     rows = batch_size or cfg.dataset.batch_size_valid or cfg.dataset.batch_size or 1
@@ -200,7 +204,7 @@ def evaluate(task, data, path, split="test", raw=None, output=None, batch_size=N
     output = output or default_output(path, split)
     write_lines(output, predicted)
     scored = sum(l != NO_LOSS for line in labels for l in line)
-    return {**metrics, "task": task, "split": split, "checkpoint": path, "updates": updates,
+    return {**metrics, "task": task, "split": split, "checkpoint": path, **progress,
             "lines": len(predicted), "scored": scored, "predictions": output}
 
 
@@ -246,6 +250,11 @@ def main(argv=None):
         raise SystemExit(f"evaluate_toy: error: {line}")
     print(json.dumps(result) if args.json else describe(result))
     return result
+
+
+def cli():
+    """feedback-evaluate-toy: main() without its result, which a console script would take for the exit status."""
+    main()
 
 
 if __name__ == "__main__":

@@ -5,7 +5,9 @@ many pairs survive cleaning, and so on).
 """
 
 import hashlib
+import io
 import random
+import struct
 import tarfile
 import zipfile
 from pathlib import Path
@@ -226,3 +228,197 @@ def wikitext_archive(tmp: Path) -> Path:
         for f in sorted((tmp / "src").rglob("*")):
             zf.write(f, f.relative_to(tmp / "src").as_posix())
     return archive
+
+
+# ------------------------------------------------------------------ Debian
+
+
+def mo_catalog(messages: dict) -> bytes:
+    """A GNU .mo catalog as msgfmt writes it: little-endian, originals sorted, no hash table."""
+    keys = sorted(messages)
+    strings = [k.encode() for k in keys] + [messages[k].encode() for k in keys]
+    n, start = len(keys), 28 + 16 * len(keys)
+    table, data = b"", b""
+    for s in strings:
+        table += struct.pack("<2I", len(s), start + len(data))
+        data += s + b"\0"
+    return struct.pack("<7I", 0x950412DE, 0, n, 28, 28 + 8 * n, 0, 0) + table + data
+
+
+def _tar_xz(files: dict) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:xz") as tf:
+        for name, data in files.items():
+            info = tarfile.TarInfo("./" + name)
+            info.size, info.mode = len(data), 0o644
+            tf.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def deb(folder: Path, package: str, version: str, files: dict, source: str = None, arch: str = "all") -> Path:
+    """A binary package as dpkg-deb --build writes it: an ar archive of
+    debian-binary, control.tar.xz and data.tar.xz."""
+    control = f"Package: {package}\n" + (f"Source: {source}\n" if source else "") + \
+        f"Version: {version}\nArchitecture: {arch}\nMaintainer: A Tester <tester@example.org>\n" \
+        f"Description: {package} for the tests\n a test package\n"
+    members = [("debian-binary", b"2.0\n"), ("control.tar.xz", _tar_xz({"control": control.encode()})),
+               ("data.tar.xz", _tar_xz(files))]
+    out = b"!<arch>\n"
+    for name, data in members:
+        out += f"{name:<16}{0:<12}{0:<6}{0:<6}{100644:<8}{len(data):<10}`\n".encode() + data + b"\n" * (len(data) % 2)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{package}_{version.split(':')[-1]}_{arch}.deb"
+    path.write_bytes(out)
+    return path
+
+
+GETTEXT_HEADER = ("Project-Id-Version: {name} 1.0\nLanguage: {lang}\nMIME-Version: 1.0\n"
+                  "Content-Type: text/plain; charset=UTF-8\nContent-Transfer-Encoding: 8bit\n"
+                  "Plural-Forms: nplurals=2; plural=(n != 1);\n")
+
+
+def _catalog(name: str, pairs, lang="de", **special) -> bytes:
+    return mo_catalog({"": GETTEXT_HEADER.format(name=name, lang=lang), **{en: de for de, en in pairs}, **special})
+
+
+GNUCASH_PO = r'''# German translation of the test package.
+msgid ""
+msgstr ""
+"Project-Id-Version: gnucash 4.13\n"
+"Language: de\n"
+"Content-Type: text/plain; charset=UTF-8\n"
+"Plural-Forms: nplurals=2; plural=(n != 1);\n"
+
+#: gnucash/gnome/dialog.c:10
+msgid "Show the hidden files"
+msgstr "Die versteckten Dateien anzeigen"
+
+#: gnucash/gnome/dialog.c:20
+#, fuzzy, c-format
+msgid "Delete all the old backups"
+msgstr "Alle alten Sicherungen löschen"
+
+msgctxt "Action"
+msgid ""
+"Copy the &selected text "
+"to the clipboard"
+msgstr ""
+"Den &ausgewählten Text in die "
+"Zwischenablage kopieren"
+
+msgid "Line one\n"
+"and line two are \"here\""
+msgstr "Zeile eins\nund Zeile zwei sind \"hier\""
+
+msgid "One account was closed"
+msgid_plural "%d accounts were closed"
+msgstr[0] "Ein Konto wurde geschlossen"
+msgstr[1] "%d Konten wurden geschlossen"
+
+#~ msgid "An obsolete message of the file"
+#~ msgstr "Eine veraltete Meldung der Datei"
+'''
+
+
+def write_debian_de_en(root: Path) -> dict:
+    """What prepare_debian_de_en reads from --raw, named as its default splits
+    expect: .deb packages holding German (and other) catalogs, the test source
+    gnucash as a loose .po (gnucash/po/de.po), the valid source tar as a loose
+    .mo (tar.mo). Returns the pairs each split keeps and the entries each
+    reason drops."""
+    rng = random.Random(12)
+    bulk = {name: list(parallel(rng, n)) for name, n in
+            (("gimp", 30), ("inkscape", 12), ("gnumeric", 4), ("tar", 3), ("coreutils", 4), ("gnucash", 3))}
+    gimp = _catalog("gimp", bulk["gimp"], **{
+        "_Save the document now": "Das Dokument jetzt _speichern",
+        "<b>Bold</b> text is shown here": "<b>Fetter</b> Text wird hier angezeigt",
+        "menu\x04Close the current window": "Das aktuelle Fenster schließen",
+        "Copy &amp; paste the selected text": "Ausgewählten Text kopieren &amp; einfügen",
+        "%s: %d%%": "%s: %d %%",  # placeholders only
+        "One file was deleted\x00%d files were deleted": "Eine Datei wurde gelöscht\x00%d Dateien wurden gelöscht",
+        "Quit the program now": "Quit the program now",  # untranslated
+        "Open": "Öffnen",  # too short
+        "Stop the process": "Den laufenden Prozess sofort und endgültig anhalten ohne zu fragen",  # ratio
+        "Show the Hidden  Files": "Versteckte Dateien anzeigen",  # also in the test set
+    })
+    deb(root, "gimp-data", "2.10.34-1", {
+        "usr/share/locale/de/LC_MESSAGES/gimp20.mo": gimp,
+        "usr/share/locale/fr/LC_MESSAGES/gimp20.mo": _catalog("gimp", [("Bonjour le monde entier", "x y z")],
+                                                              lang="fr"),
+        "usr/share/doc/gimp-data/copyright": b"not a catalog\n"}, source="gimp")
+    deb(root, "inkscape", "1.2.2-2+b1", {
+        "usr/share/locale/de/LC_MESSAGES/inkscape.mo": _catalog("inkscape", bulk["inkscape"], **{
+            "Print the current page": "Die aktuelle Seite drucken"}),  # also in the valid set
+        "usr/lib/inkscape/resource/de/LC_MESSAGES/extra.mo": _catalog("extra", [], **{
+            "~Insert a new table": "Neue Tabelle ~einfügen"}),
+        "usr/share/locale/de_AT/LC_MESSAGES/inkscape.mo": _catalog("inkscape", [("Ein Satz in Österreich", "x")])},
+        arch="amd64")
+    deb(root, "gnumeric-common", "1.12.55-1", {"usr/share/locale/de/LC_MESSAGES/gnumeric-1.12.mo": _catalog(
+        "gnumeric", bulk["gnumeric"], **{"Print the current page": "Die aktuelle Seite drucken"})}, source="gnumeric")
+    deb(root, "coreutils", "9.1-1", {"usr/share/locale/de/LC_MESSAGES/coreutils.mo":
+                                     _catalog("coreutils", bulk["coreutils"])}, arch="amd64")
+    (root / "tar.mo").write_bytes(_catalog("tar", bulk["tar"]))
+    po = GNUCASH_PO + "".join(f'\nmsgid "{en}"\nmsgstr "{de}"\n' for de, en in bulk["gnucash"])
+    write(root / "gnucash" / "po" / "de.po", [po])
+    return {"pairs": {"test": 3 + 4 + 3, "valid": 1 + 4 + 3, "train": 4 + 30 + 1 + 12},
+            "dropped": {"placeholders only": 1, "plural": 2, "untranslated": 1, "length": 2, "fuzzy": 1,
+                        "repeated (test)": 0, "repeated (valid)": 0, "repeated (train)": 2}}
+
+
+def _page(rng: random.Random, title: str, n: int) -> tuple:
+    """An HTML page of a manual as Sphinx writes it, and its n paragraphs of prose."""
+    prose = [f"The {rng.choice(EN)} of the {rng.choice(EN)} is described on the page {title}, and it shows how "
+             f"the {rng.choice(EN)} can be used with <code>{rng.choice(EN)}()</code> in a program ({i})."
+             for i in range(n)]
+    body = "\n".join(f"<p>{p}</p>" for p in prose)
+    page = f"""<!DOCTYPE html>
+<html lang="en"><head><title>{title}</title><style>p {{ margin: 0 }}</style></head>
+<body><div class="body"><h1>{title}</h1>
+{body}
+<div class="highlight"><pre>for the line in the file: print the PREFORMATTED line and go to the next one</pre></div>
+<p>See also <a href="index.html">the index</a>.</p>
+<p>Diese Seite beschreibt, wie die Module des Handbuchs verwendet werden und was sie tun können.</p>
+<p>This page is part of the test manual &amp; it is licensed under the same terms as the rest of it.</p>
+</div></body></html>
+"""
+    return page.encode(), [p.replace("<code>", "").replace("</code>", "") for p in prose]
+
+
+def docs_split(page: str) -> str:
+    """prepare_debian_docs' rule: a hash of the page's name, 2.5% test, 2.5% valid."""
+    bucket = int(hashlib.sha256(page.encode()).hexdigest()[:8], 16) % 1000
+    return "test" if bucket < 25 else "valid" if bucket < 50 else "train"
+
+
+def write_debian_docs(root: Path) -> dict:
+    """What prepare_debian_docs reads from --raw: a documentation package of
+    HTML pages (with code, a short, a German and a repeated paragraph on each)
+    and a loose page. Returns each split's prose paragraphs, in order."""
+    rng = random.Random(3)
+    wanted = {"test": 2, "valid": 2, "train": 5}
+    names = []
+    for i in range(100000):
+        name = f"usr/share/doc/python3.11/html/library/module{i}.html"
+        split = docs_split(f"python3.11-doc/{name}")
+        if wanted[split]:
+            wanted[split] -= 1
+            names.append((name, split))
+        if not any(wanted.values()):
+            break
+    boilerplate = "This page is part of the test manual & it is licensed under the same terms as the rest of it."
+    paragraphs = {s: [] for s in ("test", "valid", "train")}
+
+    def read(split, prose):  # as the script does: kept once, by the first test page
+        paragraphs[split] += prose
+        if split == "test" and boilerplate not in paragraphs["test"]:
+            paragraphs["test"].append(boilerplate)
+
+    loose, prose = _page(rng, "notes", 2)
+    write(root / "notes" / "index.html", [loose.decode()])
+    read(docs_split("notes/index.html"), prose)  # notes/ sorts before the .deb
+    files = {"usr/share/doc/python3.11/html/_static/basic.css": b"p { margin: 0 }\n"}
+    for name, split in sorted(names):
+        files[name], prose = _page(rng, name.split("/")[-1], 3)
+        read(split, prose)
+    deb(root, "python3.11-doc", "3.11.2-6+deb12u8", files, source="python3.11")
+    return paragraphs

@@ -41,6 +41,7 @@ import sys
 import threading
 
 FAIRSEQ = {
+    "fairseq-preprocess": "fairseq_cli.preprocess",
     "fairseq-train": "fairseq_cli.train",
     "fairseq-generate": "fairseq_cli.generate",
     "fairseq-eval-lm": "fairseq_cli.eval_lm",

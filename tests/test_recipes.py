@@ -3,9 +3,9 @@
 Every ```bash block of a recipe README is run, in order, in one bash process
 (as a user pastes them into one shell), in a fresh folder holding the raw
 data in its real format (tests/data_prep_fixtures.py) and a link to the
-plugin, with tests/recipe_shims.py standing in for fairseq-train,
-fairseq-generate, fairseq-eval-lm, torchrun and this package's console
-scripts: they run the real tools on the command as written, made tiny for
+plugin, with tests/recipe_shims.py standing in for fairseq-preprocess,
+fairseq-train, fairseq-generate, fairseq-eval-lm, torchrun and this
+package's console scripts: they run the real tools on the command as written, made tiny for
 CPU (a few updates, tiny model sizes, two CPU workers for a multi-GPU
 launch, no --fp16; see that module). Before a block that trains, the
 --save-dir it names is emptied, since the README's single- and multi-GPU
@@ -18,7 +18,7 @@ The commands' training options are also checked against the paper's
 Tables 8 and 9 (and the batch size per update against the recipe's), by
 parsing what each README's fairseq-train calls were given.
 
-The four recipes run concurrently in the background, started when the first
+The recipes run concurrently in the background, started when the first
 test of this file runs; the tool tests run meanwhile. Their commands are
 forked by a server that imported torch and fairseq once (recipe_shims.serve),
 which saves about 3 s of CPU per command.
@@ -43,6 +43,7 @@ import torch
 import data_prep_fixtures as fx
 from cli import error_lines
 from conftest import PLUGIN
+from data_prep.toy_tasks import METRICS
 
 REPO = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
@@ -56,8 +57,14 @@ TRANSLATION_TINY = ["--encoder-layers", 1, "--decoder-layers", 1, "--encoder-emb
                     "--decoder-attention-heads", 2]
 LM_TINY = ["--decoder-layers", 2, "--decoder-embed-dim", 16, "--decoder-ffn-embed-dim", 32,
            "--decoder-attention-heads", 2, "--adaptive-input-cutoff", "20,40", "--adaptive-softmax-cutoff", "20,40"]
-CPU_TRAIN = ["--cpu", "--num-workers", 0, "--required-batch-size-multiple", 1, "--log-format", "simple",
-             "--log-interval", 1, "--seed", 1]
+# the Debian LM recipe's three models, all given these sizes (fairseq's transformer_lm needs its input
+# and output dims too); no adaptive softmax: it has none
+SAME_SIZE_LM_TINY = ["--decoder-layers", 2, "--decoder-embed-dim", 16, "--decoder-ffn-embed-dim", 32,
+                     "--decoder-attention-heads", 2, "--decoder-input-dim", 16, "--decoder-output-dim", 16]
+TOY_TINY = ["--decoder-layers", 2, "--decoder-embed-dim", 16, "--decoder-ffn-embed-dim", 32,
+            "--decoder-attention-heads", 2, "--memory-span", 16]
+# the README's --log-format stays (the curves read json logs); without one, fairseq logs simple lines off a terminal
+CPU_TRAIN = ["--cpu", "--num-workers", 0, "--required-batch-size-multiple", 1, "--log-interval", 1, "--seed", 1]
 
 
 def overrides(tiny_model, **train_set):
@@ -79,6 +86,9 @@ class Recipe:
     paper: Dict[str, dict] = field(default_factory=dict)  # arch -> options fairseq-train must end up with
     tokens_per_update: int = 0  # translation: GPUs x --max-tokens x --update-freq, the same in every form
     streams_per_update: int = 0  # language models: GPUs x --batch-size x --update-freq
+    # a training block starts from an empty --save-dir (the README's launch forms are alternatives),
+    # unless the recipe's runs continue from their checkpoints by design
+    fresh_save_dirs: bool = True
 
 
 def _prepare(script):
@@ -95,6 +105,12 @@ TABLE8 = {
     "feedback_transformer": dict(encoder_layers=6, decoder_layers=6, encoder_embed_dim=512, decoder_embed_dim=512,
                                  decoder_ffn_embed_dim=2048, decoder_attention_heads=8, dropout=0.3, lr=[0.0005]),
 }
+# the Debian de-en recipe: Table 8's IWSLT sizes for both models, decoders of 1, 2 and 6 layers
+IWSLT_BUT_DEPTH = {k: v for k, v in TABLE8["feedback_transformer_iwslt_de_en"].items() if k != "decoder_layers"}
+TABLE9_TOY = dict(arch="feedback_lm_toy", decoder_embed_dim=256, decoder_ffn_embed_dim=1024, decoder_attention_heads=4,
+                  memory_span=100, dropout=0.2, tokens_per_sample=64, batch_size=512, lr=[0.0001], clip_norm=0.1,
+                  warmup_updates=1000, optimizer="adam", lr_scheduler="fixed", decoder_normalize_before=True,
+                  relative_positions=True, labels="labels")
 TABLE9 = {
     "feedback_lm_wiki103": dict(decoder_layers=4, decoder_embed_dim=512, decoder_ffn_embed_dim=4096,
                                 decoder_attention_heads=8, head_dim=128, memory_span=512, dropout=0.1,
@@ -123,6 +139,18 @@ RECIPES = {
         Recipe("wikitext103", fx.write_wikitext, [_prepare("prepare_wikitext103")],
                overrides(LM_TINY, **{"--batch-size": 4, "--tokens-per-sample": 64, "--max-tokens": 128}),
                paper=TABLE9, streams_per_update=512),
+        Recipe("debian_de_en", fx.write_debian_de_en, [_prepare("prepare_debian_de_en")],
+               overrides(TRANSLATION_TINY, **{"--max-tokens": 4096}),
+               paper={"feedback_transformer_iwslt_de_en": IWSLT_BUT_DEPTH, "transformer_iwslt_de_en": IWSLT_BUT_DEPTH},
+               tokens_per_update=4096),
+        Recipe("debian_docs", fx.write_debian_docs, [_prepare("prepare_debian_docs")],
+               overrides(SAME_SIZE_LM_TINY, **{"--batch-size": 4, "--tokens-per-sample": 64})),
+        Recipe("toy", lambda raw: {},
+               [("UPDATES=50000", "UPDATES=4"), ("EVERY=1000 ", "EVERY=2 "),
+                ("--out data-raw/toy/$name", "--train 12 --valid 2 --test 3 --out data-raw/toy/$name")],
+               {"fairseq-train": {"add": CPU_TRAIN + TOY_TINY, "set": {"--batch-size": 4, "--tokens-per-sample": 16}},
+                "feedback-evaluate-toy": {"add": ["--cpu"], "set": {"--batch-size": 4}}},
+               fresh_save_dirs=False),
     )
 }
 
@@ -142,7 +170,7 @@ def script_of(recipe: Recipe, raw: Path) -> str:
     for block in blocks:
         for old, new in recipe.substitutions:
             block = block.replace(old, new.format(raw=raw))
-        if "fairseq-train" in block:
+        if recipe.fresh_save_dirs and "fairseq-train" in block:
             save_dirs = re.findall(r"--save-dir[ =](\S+)", block)
             assert save_dirs and not any("$" in d for d in save_dirs), \
                 f"a training block of examples/{recipe.name}/README.md needs a literal --save-dir"
@@ -156,7 +184,7 @@ def write_shims(folder: Path) -> None:
     folder.mkdir()
     header = f"#!{sys.executable}\nimport sys\nsys.path.insert(0, {str(TESTS)!r})\nimport recipe_shims\n"
     tools = {tool: f"recipe_shims.main({tool!r})\n"
-             for tool in ("fairseq-train", "fairseq-generate", "fairseq-eval-lm", "torchrun")}
+             for tool in ("fairseq-preprocess", "fairseq-train", "fairseq-generate", "fairseq-eval-lm", "torchrun")}
     for name, module, function in console_scripts():
         tools[name] = f"recipe_shims.entry_point({name!r}, {module!r}, {function!r})\n"
     for tool, body in tools.items():
@@ -411,6 +439,79 @@ def test_wikitext103_recipe(runs, name):
                       .read_text().splitlines())
     assert f"Evaluated {test_tokens} tokens" in output  # the feedback LM scores every test token once
     assert "invalid sizes" not in output  # nor does fairseq's evaluation skip any
+
+
+@pytest.mark.parametrize("name", ["debian_de_en"])
+def test_debian_de_en_recipe(runs, name):
+    run = runs[name]
+    output = run.wait()
+    trains = check_paper_hyperparameters(run)
+    depths = {(args.arch, args.decoder_layers) for args in map(parsed_train_args, trains)}
+    assert depths == {(arch, n) for arch in ("feedback_transformer_iwslt_de_en", "transformer_iwslt_de_en")
+                      for n in (1, 2, 6)}
+    n_test = run.counts["pairs"]["test"]
+    for model in ("feedback", "transformer"):
+        for n in (1, 2, 6):
+            test_out = run.work / "checkpoints" / "debian_de_en" / f"{model}_dec{n}" / "test.out"
+            assert sorted(hypotheses(test_out)) == list(range(n_test))
+    assert len(re.findall(rf"sacreBLEU of {n_test} sentences; sacrebleu .*tok:13a", output)) == 6
+    assert len(re.findall(rf"^(feedback|transformer)_dec\d: .*Translated {n_test} sentences", output, flags=re.M)) == 6
+    assert len(re.findall(r"^\| (feedback|transformer)_dec\d \| 10 \| [\d.]+ \| [\d.]+ \|$", output, flags=re.M)) == 6
+    assert (run.work / "results" / "debian_de_en.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("name", ["debian_docs"])
+def test_debian_docs_recipe(runs, name):
+    run = runs[name]
+    output = run.wait()
+    trains = [parsed_train_args(c) for c in run.calls("fairseq-train")]
+    assert {(a.arch, a.task, bool(getattr(a, "no_feedback", False))) for a in trains} == {
+        ("feedback_lm", "feedback_language_modeling", False), ("feedback_lm", "feedback_language_modeling", True),
+        ("transformer_lm", "language_modeling", False)}
+    for a in trains:  # the same size (feedback_lm's input and output dims are its width) and tokens per update
+        dims = [getattr(a, f"decoder_{side}_dim", a.decoder_embed_dim) for side in ("input", "output")]
+        assert (a.decoder_layers, a.decoder_embed_dim, *dims, a.decoder_ffn_embed_dim, a.decoder_attention_heads,
+                a.dropout) == (4, 256, 256, 256, 1024, 4, 0.1)
+        assert a.batch_size * a.tokens_per_sample == 8192
+        assert (a.lr, a.clip_norm, a.max_update) == ([0.0005], 0.1, 10000)
+    perplexities = score_lines(output, r"Perplexity: ([\d.]+)")
+    assert len(perplexities) == 3 and all(math.isfinite(p) for p in perplexities)
+    bpe = (run.work / "data-raw" / "debian_docs" / "bpe" / "test.txt").read_text().splitlines()
+    test_tokens = sum(len(line.split()) + 1 for line in bpe)
+    assert len(re.findall(rf"Evaluated {test_tokens} tokens", output)) == 3  # the same tokens, each once
+    assert (run.work / "results" / "debian_docs.png").stat().st_size > 0
+
+
+TOY_MODELS = {"feedback": (4, False), "transformer": (4, True), "transformer8": (8, True)}
+TOY_TABLE1 = {"random_walk": 2, "algorithmic3": 3, "algorithmic5": 3, "copy": 2, "reverse": 2, "counting50": 2,
+              "counting1k": 2}  # how many of TOY_MODELS each task trains
+
+
+@pytest.mark.parametrize("name", ["toy"])
+def test_toy_recipe(runs, name):
+    run = runs[name]
+    output = run.wait()
+    steps = {}
+    for call in run.calls("fairseq-train"):
+        args = parsed_train_args(call)
+        assert {k: getattr(args, k) for k in TABLE9_TOY} == TABLE9_TOY, call["written"]
+        save = Path(args.save_dir)
+        assert (args.decoder_layers, args.no_feedback) == TOY_MODELS[save.name]
+        steps.setdefault((save.parent.name, save.name), []).append(args.max_update)
+    # every model of every task, trained in two steps of 2 updates, and the command run again trained nothing
+    assert steps == {(task, model): [2, 4] for task, n in TOY_TABLE1.items() for model in list(TOY_MODELS)[:n]}
+    for task, model in steps:
+        save = run.work / "checkpoints" / "toy" / task / model
+        results = [json.loads((save / f"test.{u}.json").read_text()) for u in (2, 4)]
+        assert [r["updates"] for r in results] == [2, 4] and all(r["train_seconds"] > 0 for r in results)
+        # step 2 continued from step 1's checkpoint
+        assert f"Loaded checkpoint checkpoints/toy/{task}/{model}/checkpoint_last.pt (epoch 1 @ 2 updates)" in output
+        table = (run.work / "results" / "toy" / "table1.md").read_text()
+        token, episode = (results[1][m] for m in METRICS[results[1]["task"]])
+        assert f"| {task} | {model} | 4 | {100 * token:.1f} | {100 * episode:.1f} |" in table
+    plots = sorted(p.name for p in (run.work / "results" / "toy").glob("*.png"))
+    assert plots == sorted(f"{task}.png" for task in TOY_TABLE1)
+    assert "Traceback" not in output
 
 
 # ----------------------------------------------------------- the README's

@@ -223,28 +223,3 @@ def test_demo_checkpoints_and_commands(trained, tmp_path):
     assert found == {3: str(ckpt)} and final == 3
     cmd = demo.train_command(str(data), str(tmp_path), demo.CONFIG, demo.MODELS["transformer"])
     assert "--no-feedback" in cmd and cmd[cmd.index("--max-update") + 1] == str(demo.CONFIG["updates"])
-
-
-# --- examples/toy/README.md -----------------------------------------------------------------
-
-
-def test_the_toy_recipe_trains_both_models_with_table_9s_settings():
-    import re
-    import shlex
-
-    from fairseq import options
-
-    from conftest import PLUGIN, REPO
-
-    text = open(os.path.join(REPO, "examples", "toy", "README.md")).read()
-    toy_args = shlex.split(re.search(r"^TOY_ARGS=\((.*?)\)$", text, flags=re.M | re.S).group(1))
-    assert toy_args[toy_args.index("--user-dir") + 1] == "fairseq_feedback"
-    toy_args[toy_args.index("--user-dir") + 1] = PLUGIN
-    for flags, feedback in (([], True), (["--no-feedback"], False)):
-        assert f'"${{TOY_ARGS[@]}}" {" ".join(flags)}{" " if flags else ""}--save-dir' in text
-        args = options.parse_args_and_arch(options.get_training_parser(), ["data", *toy_args, *flags])
-        table9 = dict(decoder_layers=4, decoder_embed_dim=256, decoder_ffn_embed_dim=1024, decoder_attention_heads=4,
-                      memory_span=100, dropout=0.2, tokens_per_sample=64, batch_size=512, lr=[0.0001], clip_norm=0.1,
-                      warmup_updates=1000, optimizer="adam", lr_scheduler="fixed", decoder_normalize_before=True,
-                      relative_positions=True, labels="labels", no_feedback=not feedback)
-        assert {k: getattr(args, k) for k in table9} == table9

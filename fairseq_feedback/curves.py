@@ -1,0 +1,144 @@
+"""Learning curves for the results page (examples/results/README.md): small PNGs and markdown rows.
+
+    python -m fairseq_feedback.curves toy --out results/ checkpoints/toy/*/*/
+    python -m fairseq_feedback.curves log --out de_en.png [--metric valid_ppl] checkpoints/debian_de_en/*/train.log
+
+toy: each folder is one model (its name) of one task (its parent folder's
+name), holding the test.UPDATES.json files of examples/toy/README.md
+(evaluate_toy --json, one per evaluated checkpoint): for each task, Table 1's
+token and episode accuracy against updates, in --out/TASK.png.
+
+log: each file is the --log-file of a fairseq-train run with --log-format
+json: the validation metric (--metric, as fairseq names it) against updates
+and against hours of training, one curve per file, named by its folder.
+Training time is fairseq's wall clock, added up over resumed runs.
+
+Both print one markdown row per model: its last point.
+"""
+
+import argparse
+import glob
+import json
+import os
+
+from data_prep.toy_tasks import METRICS
+
+from .demo import plot as plot_toy
+
+
+def fail(message):
+    raise SystemExit(f"curves: error: {message}")
+
+
+def toy_runs(folders):
+    """{task folder: {model: [evaluate_toy results, by updates]}}."""
+    tasks = {}
+    for folder in folders:
+        folder = os.path.normpath(folder)
+        files = glob.glob(os.path.join(folder, "test.*.json"))
+        if not files:
+            fail(f"{folder} holds no test.UPDATES.json evaluations: is it a model folder of the toy recipe?")
+        results = []
+        for path in files:
+            try:
+                with open(path) as f:  # the last line: evaluate_toy --json's result
+                    results.append(json.loads(f.read().strip().splitlines()[-1]))
+            except (OSError, ValueError, IndexError) as e:
+                fail(f"{path} is not an evaluation's JSON ({e})")
+        name, model = os.path.split(folder)
+        tasks.setdefault(os.path.basename(name), {})[model] = sorted(results, key=lambda r: r["updates"])
+    return tasks
+
+
+def log_points(path, metric):
+    """[(updates, hours, value)] of the validations in a fairseq json log."""
+    points, at, offset, last_wall = [], 0.0, 0.0, 0.0
+    try:
+        with open(path, errors="replace") as f:
+            lines = f.readlines()
+    except OSError as e:
+        fail(f"cannot read {path}: {e.strerror}")
+    for line in lines:
+        if not line.startswith("{"):
+            continue
+        try:
+            stats = json.loads(line)
+        except ValueError:
+            continue
+        if "wall" in stats:
+            wall = float(stats["wall"])
+            if wall < last_wall:  # a resumed run: its clock starts again
+                offset += last_wall
+            last_wall = wall
+            at = (offset + wall) / 3600
+        if metric in stats and "valid_num_updates" in stats:
+            points.append((int(stats["valid_num_updates"]), at, float(stats[metric])))
+    if not points:
+        fail(f"{path} has no {metric}: was it written by fairseq-train --log-format json --log-file?")
+    return points
+
+
+def plot_logs(runs, metric, path, title):
+    import logging
+
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), sharey=True)
+    for name, points in runs.items():
+        updates, hours, values = zip(*points)
+        axes[0].plot(updates, values, "o-", markersize=3, label=name)
+        axes[1].plot(hours, values, "o-", markersize=3, label=name)
+    axes[0].set_xlabel("updates")
+    axes[1].set_xlabel("training hours")
+    axes[0].set_ylabel(metric)
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def as_hours(seconds):
+    return "" if seconds is None else f"{seconds / 3600:.2f}"
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m fairseq_feedback.curves", description=__doc__.split("\n\n")[0])
+    parser.add_argument("kind", choices=("toy", "log"), help="toy-task evaluations, or fairseq-train json logs")
+    parser.add_argument("inputs", nargs="+", help="model folders (toy) or log files (log)")
+    parser.add_argument("--out", required=True, help="toy: the folder for the PNGs; log: the PNG")
+    parser.add_argument("--metric", default="valid_ppl", help="log: the validation metric (default: %(default)s)")
+    parser.add_argument("--title", default="", help="log: the figure's title")
+    args = parser.parse_args(argv)
+    if not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
+        fail(f"the folder of --out {args.out} does not exist")
+    if args.kind == "toy":
+        os.makedirs(args.out, exist_ok=True)
+        print("| task | model | updates | token accuracy | episode accuracy | training hours |")
+        print("| --- | --- | ---: | ---: | ---: | ---: |")
+        for name, runs in sorted(toy_runs(args.inputs).items()):
+            task = next(iter(runs.values()))[-1]["task"]
+            plot_toy(runs, task, os.path.join(args.out, f"{name}.png"), title=name)
+            token, episode = METRICS[task]
+            for model, results in runs.items():
+                last = results[-1]
+                print(f"| {name} | {model} | {last['updates']} | {100 * last[token]:.1f} | {100 * last[episode]:.1f} | "
+                      f"{as_hours(last.get('train_seconds'))} |")
+    else:
+        runs = {os.path.basename(os.path.dirname(os.path.abspath(p))): log_points(p, args.metric) for p in args.inputs}
+        plot_logs(runs, args.metric, args.out, args.title)
+        print(f"| model | updates | {args.metric} | training hours |")
+        print("| --- | ---: | ---: | ---: |")
+        for name, points in runs.items():
+            updates, at, value = points[-1]
+            print(f"| {name} | {updates} | {value:.2f} | {at:.2f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""fairseq_feedback.curves: learning curves and markdown rows from toy evaluations and fairseq json logs."""
+
+import json
+
+import pytest
+
+from fairseq_feedback import curves
+
+
+def write_log(path, records):
+    """A fairseq-train --log-format json --log-file: the config dump, then one JSON object a line."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = ["{'_name': None, 'common': {'log_format': 'json'}}", "FeedbackLanguageModel("]
+    path.write_text("\n".join(lines + [json.dumps(r) for r in records]) + "\n")
+    return path
+
+
+def error_of(*argv):
+    with pytest.raises(SystemExit) as e:
+        curves.main([str(a) for a in argv])
+    message = str(e.value)
+    assert message.startswith("curves: error: ") and "\n" not in message, message
+    return message
+
+
+def test_log_curves_add_up_the_clock_of_resumed_runs(tmp_path, capsys):
+    feedback = write_log(tmp_path / "feedback" / "train.log", [
+        {"epoch": 1, "loss": "9", "num_updates": "50", "wall": "900"},
+        {"epoch": 1, "num_updates": "100", "wall": "1800"},
+        {"epoch": 1, "valid_loss": "5.02", "valid_ppl": "32.5", "valid_num_updates": "100"},
+        {"epoch": 2, "num_updates": "150", "wall": "450"},  # resumed: fairseq's clock starts again
+        {"epoch": 2, "num_updates": "200", "wall": "900"},
+        {"epoch": 2, "valid_loss": "4.02", "valid_ppl": "16.25", "valid_num_updates": "200"},
+    ])
+    transformer = write_log(tmp_path / "transformer" / "train.log", [
+        {"epoch": 1, "num_updates": "200", "wall": "360"},
+        {"epoch": 1, "valid_loss": "4.5", "valid_ppl": "22.6", "valid_num_updates": "200"},
+    ])
+    assert curves.log_points(str(feedback), "valid_ppl") == [(100, 0.5, 32.5), (200, 0.75, 16.25)]
+    curves.main(["log", "--out", str(tmp_path / "curve.png"), str(feedback), str(transformer)])
+    out = capsys.readouterr().out.splitlines()
+    assert out[2:] == ["| feedback | 200 | 16.25 | 0.75 |", "| transformer | 200 | 22.60 | 0.10 |"]
+    assert (tmp_path / "curve.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def evaluation(task, updates, acc, episode_acc, seconds):
+    return {"acc": acc, "episode_acc": episode_acc, "task": task, "split": "test", "updates": updates,
+            "train_seconds": seconds, "lines": 10, "scored": 100}
+
+
+def test_toy_curves_one_png_and_one_row_per_model(tmp_path, capsys):
+    root = tmp_path / "checkpoints" / "toy"
+    for model, accuracies in (("feedback", (0.4, 0.9)), ("transformer", (0.3, 0.45))):
+        folder = root / "random_walk" / model
+        folder.mkdir(parents=True)
+        for updates, acc in zip((1000, 2000), accuracies):
+            # the file holds whatever the command printed before its JSON line, if anything
+            (folder / f"test.{updates}.json").write_text(
+                json.dumps(evaluation("random_walk", updates, acc, acc / 2, 1.8 * updates)) + "\n")
+    folder = root / "algorithmic3" / "transformer8"
+    folder.mkdir(parents=True)
+    (folder / "test.1000.json").write_text("a warning\n" + json.dumps(evaluation("algorithmic", 1000, 0.5, 0, None)))
+    curves.main(["toy", "--out", str(tmp_path / "results"), *map(str, sorted(root.glob("*/*")))])
+    rows = capsys.readouterr().out.splitlines()[2:]
+    assert rows == ["| algorithmic3 | transformer8 | 1000 | 50.0 | 0.0 |  |",
+                    "| random_walk | feedback | 2000 | 90.0 | 45.0 | 1.00 |",
+                    "| random_walk | transformer | 2000 | 45.0 | 22.5 | 1.00 |"]
+    assert sorted(p.name for p in (tmp_path / "results").iterdir()) == ["algorithmic3.png", "random_walk.png"]
+
+
+def test_bad_inputs_are_one_line(tmp_path):
+    (tmp_path / "empty").mkdir()
+    assert "holds no test.UPDATES.json evaluations" in error_of("toy", "--out", tmp_path / "r", tmp_path / "empty")
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "test.10.json").write_text("Traceback (most recent call last):\n")
+    assert "is not an evaluation's JSON" in error_of("toy", "--out", tmp_path / "r", tmp_path / "broken")
+    log = write_log(tmp_path / "m" / "train.log", [{"epoch": 1, "num_updates": "1", "wall": "1"}])
+    assert "has no valid_ppl" in error_of("log", "--out", tmp_path / "c.png", log)
+    assert "cannot read" in error_of("log", "--out", tmp_path / "c.png", tmp_path / "missing.log")
+    assert "does not exist" in error_of("log", "--out", tmp_path / "no" / "c.png", log)
