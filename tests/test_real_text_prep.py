@@ -21,20 +21,9 @@ from data_prep import prepare_debian_de_en as de_en
 from data_prep import prepare_debian_docs as docs
 from data_prep.common import moses
 from data_prep.debian import normalized
+from test_data_prep import error_of, run
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def run(module, *args):
-    module.main([str(a) for a in args])
-
-
-def error_of(module, *args) -> str:
-    with pytest.raises(SystemExit) as e:
-        run(module, *args)
-    message = str(e.value.code)
-    assert message.startswith("error: ") and "\n" not in message, message
-    return message
 
 
 def dirs(tmp_path):
