@@ -2,6 +2,7 @@
 
     feedback-benchmark                      # translation at base widths, and the LM
     feedback-benchmark --preset tiny        # seconds, to check that it runs
+    feedback-benchmark --device cuda --dtype fp16 --preset iwslt   # IWSLT and feedback_lm_wiki103 sizes
 
 Translation: feedback_transformer against fairseq's transformer (training
 target tokens/s, beam-5 output tokens/s, incremental-state bytes per decoded
@@ -10,6 +11,12 @@ token). Language modelling: feedback_lm against fairseq's transformer_lm
 fairseq's registry from the same options and runs the same random batches in
 one process, the two models' calls interleaved, and each rate is taken from
 the median call: the ratios compare architectures, not machines or moments.
+
+On a GPU the feedback models replay their per-token loop as CUDA graphs, and
+a third row runs them eagerly (--no-cuda-graphs) for comparison. Two more
+columns come from a profile of one training step: kernels per target token
+(on the CPU: operators dispatched, the count a GPU would launch) and the
+share of the step's wall time during which the GPU runs a kernel.
 """
 
 import argparse
@@ -20,6 +27,9 @@ import torch
 import torch.nn.functional as F
 from fairseq import search
 from fairseq.sequence_generator import SequenceGenerator
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from fairseq_feedback import builders
 from fairseq_feedback.builders import make_dictionary, size_flags
@@ -33,6 +43,14 @@ PRESETS = {
         lm=dict(embed_dim=256, ffn_dim=1024, heads=4, layers=4, streams=32, block=64, span=64, vocab=10000,
                 sample_batch=32, repeats=7),
     ),
+    # Table 8's IWSLT sizes with --max-tokens 8192-like batches; the LM at
+    # feedback_lm_wiki103's sizes (without its adaptive input and softmax)
+    "iwslt": dict(
+        translation=dict(embed_dim=512, ffn_dim=1024, heads=4, layers=6, batch=256, length=32, vocab=10000,
+                         beam_batch=128, repeats=5),
+        lm=dict(embed_dim=512, ffn_dim=4096, heads=8, layers=4, streams=32, block=256, span=512, vocab=10000,
+                sample_batch=32, repeats=5, head_dim=128),
+    ),
     "tiny": dict(
         translation=dict(embed_dim=32, ffn_dim=64, heads=2, layers=2, batch=8, length=8, vocab=100,
                          beam_batch=2, repeats=2),
@@ -41,19 +59,66 @@ PRESETS = {
     ),
 }
 BEAM = 5
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def synchronize():
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()
 
 
 def interleaved_rates(workloads, repeats):
     """Tokens per second of each workload (a call returning the tokens it
     processed), from the median of `repeats` calls made in turns."""
     times = {name: [] for name in workloads}
-    tokens = {name: work() for name, work in workloads.items()}  # warm-up
+    tokens = {name: work() for name, work in workloads.items()}  # warm-up (and CUDA graphs captured)
     for _ in range(repeats):
         for name, work in workloads.items():
+            synchronize()
             start = time.perf_counter()
             work()
+            synchronize()
             times[name].append(time.perf_counter() - start)
     return {name: tokens[name] / statistics.median(times[name]) for name in workloads}
+
+
+class _CountOps(TorchDispatchMode):
+    """Operators that reach a backend (each would be a kernel on a GPU), views
+    and allocations left out."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not (func.is_view or func._schema.name in ("aten::empty", "aten::empty_strided", "aten::detach")):
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def kernels_and_busy_share(work, tokens_per_call: int, device: torch.device):
+    """Kernels per target token of one call of `work`, and the share of its
+    wall time that the GPU spends running them (measured under the profiler,
+    so a lower bound; None on the CPU, where the count is of dispatched
+    operators)."""
+    work()
+    if device.type != "cuda":
+        with _CountOps() as ops:
+            work()
+        return ops.count / tokens_per_call, None
+    synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
+        work()
+        synchronize()
+        wall_us = (time.perf_counter() - start) * 1e6
+    kernels = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
+                     if e.device_type == DeviceType.CUDA)
+    busy, reach = 0.0, float("-inf")
+    for begin, end in kernels:  # the union of the kernels' intervals
+        busy += max(0.0, end - max(begin, reach))
+        reach = max(reach, end)
+    return len(kernels) / tokens_per_call, busy / wall_us
 
 
 def random_tokens(dictionary, rows, length, generator):
@@ -64,10 +129,10 @@ def shifted(dictionary, tokens):
     return torch.cat([torch.full((len(tokens), 1), dictionary.eos()), tokens[:, :-1]], dim=1)
 
 
-def build_translation_model(arch, p, dictionary, seed):
+def build_translation_model(arch, p, dictionary, seed, extra=()):
     sizes = size_flags("encoder", p["embed_dim"], p["ffn_dim"], p["heads"], p["layers"]) + \
         size_flags("decoder", p["embed_dim"], p["ffn_dim"], p["heads"], p["layers"])
-    return builders.translation_model(arch, [*sizes, "--dropout", "0.1"], dictionary, seed=seed)
+    return builders.translation_model(arch, [*sizes, "--dropout", "0.1", *extra], dictionary, seed=seed)
 
 
 def build_language_model(arch, task, p, dictionary, seed, extra=()):
@@ -75,6 +140,15 @@ def build_language_model(arch, task, p, dictionary, seed, extra=()):
              "--decoder-output-dim", p["embed_dim"], "--dropout", "0.1",
              *size_flags("decoder", p["embed_dim"], p["ffn_dim"], p["heads"], p["layers"]), *extra]
     return builders.language_model(arch, task, flags, dictionary, seed=seed)[0]
+
+
+def models(pairs, build, device, dtype):
+    """Each (name, architecture, options) built on `device` in `dtype`; on a
+    GPU, each feedback model also as it runs without CUDA graphs."""
+    if device.type == "cuda":
+        pairs = [*pairs, *[(f"{name} (eager)", arch, [*extra, "--no-cuda-graphs"])
+                           for name, arch, extra in pairs if arch.startswith("feedback")]]
+    return {name: build(arch, extra).to(device=device, dtype=dtype) for name, arch, extra in pairs}
 
 
 def training_step(model, forward, target):
@@ -85,7 +159,7 @@ def training_step(model, forward, target):
         model.train()
         optimizer.zero_grad()
         logits = forward()
-        F.cross_entropy(logits.reshape(-1, logits.size(-1)), target().reshape(-1)).backward()
+        F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), target().reshape(-1)).backward()
         optimizer.step()
         return target().numel()
 
@@ -129,25 +203,29 @@ def state_bytes_per_token(model, encoder_out, prev):
     return tensor_bytes(state) / prev.numel()
 
 
-def translation(p, seed):
+def translation(p, seed, device, dtype):
     dictionary = make_dictionary(p["vocab"])
     g = torch.Generator().manual_seed(seed)
-    src, target = random_tokens(dictionary, p["batch"], p["length"], g), random_tokens(dictionary, p["batch"], p["length"], g)
-    lengths = torch.full((p["batch"],), p["length"])
-    sentences = random_tokens(dictionary, p["beam_batch"], p["length"], g)
-    sample = {"net_input": {"src_tokens": sentences, "src_lengths": torch.full((len(sentences),), p["length"])}}
-    hypotheses = random_tokens(dictionary, p["beam_batch"] * BEAM, p["length"], g)
+    src, target = (random_tokens(dictionary, p["batch"], p["length"], g).to(device) for _ in range(2))
+    lengths = torch.full((p["batch"],), p["length"], device=device)
+    sentences = random_tokens(dictionary, p["beam_batch"], p["length"], g).to(device)
+    sample = {"net_input": {"src_tokens": sentences, "src_lengths": torch.full((len(sentences),), p["length"],
+                                                                               device=device)}}
+    hypotheses = random_tokens(dictionary, p["beam_batch"] * BEAM, p["length"], g).to(device)
 
-    models, train, beam, state = {}, {}, {}, {}
-    for arch in ("transformer", "feedback_transformer"):
-        model = models[arch] = build_translation_model(arch, p, dictionary, seed)
-        train[arch] = training_step(model, lambda m=model: m(src, lengths, shifted(dictionary, target))[0],
+    built = models([("transformer", "transformer", []), ("feedback_transformer", "feedback_transformer", [])],
+                   lambda arch, extra: build_translation_model(arch, p, dictionary, seed, extra), device, dtype)
+    train, beam, state, profiles = {}, {}, {}, {}
+    for name, model in built.items():
+        train[name] = training_step(model, lambda m=model: m(src, lengths, shifted(dictionary, target))[0],
                                     lambda: target)
-        beam[arch] = generation(model, dictionary, sample, p["length"], beam_size=BEAM)
+        beam[name] = generation(model, dictionary, sample, p["length"], beam_size=BEAM)
         with torch.no_grad():
             model.eval()
-            encoder_out = model.encoder(sentences.repeat_interleave(BEAM, 0), lengths.new_full((len(hypotheses),), p["length"]))
-        state[arch] = state_bytes_per_token(model, encoder_out, shifted(dictionary, hypotheses))
+            encoder_out = model.encoder(sentences.repeat_interleave(BEAM, 0),
+                                        lengths.new_full((len(hypotheses),), p["length"]))
+        state[name] = state_bytes_per_token(model, encoder_out, shifted(dictionary, hypotheses))
+        profiles[name] = kernels_and_busy_share(train[name], target.numel(), device)
     train = interleaved_rates(train, p["repeats"])
     beam = interleaved_rates(beam, p["repeats"])
     print_table(
@@ -155,21 +233,26 @@ def translation(p, seed):
         f"training batches of {p['batch']}x{p['length']} tokens, beam {BEAM} over {p['beam_batch']} sentences of "
         f"{p['length']} tokens",
         ["train tok/s", f"beam-{BEAM} tok/s", "state B/token"],
-        [(arch, train[arch], beam[arch], state[arch]) for arch in models])
+        [(name, train[name], beam[name], state[name]) for name in built], profiles)
 
 
-def language_model(p, seed):
+def language_model(p, seed, device, dtype):
     dictionary = make_dictionary(p["vocab"])
     g = torch.Generator().manual_seed(seed)
-    blocks = random_tokens(dictionary, p["streams"], p["block"] * 64, g).split(p["block"], dim=1)
-    prompt = random_tokens(dictionary, p["sample_batch"], 1, g)
-    sample = {"net_input": {"src_tokens": prompt, "src_lengths": torch.ones(len(prompt), dtype=torch.long)},
+    blocks = random_tokens(dictionary, p["streams"], p["block"] * 64, g).to(device).split(p["block"], dim=1)
+    prompt = random_tokens(dictionary, p["sample_batch"], 1, g).to(device)
+    sample = {"net_input": {"src_tokens": prompt, "src_lengths": torch.ones(len(prompt), dtype=torch.long,
+                                                                            device=device)},
               "prefix_tokens": prompt}
+    head_dim = ["--head-dim", str(p["head_dim"])] if "head_dim" in p else []
+    tasks = {"transformer_lm": "language_modeling", "feedback_lm": "feedback_language_modeling"}
+    built = models([("transformer_lm", "transformer_lm", ["--decoder-normalize-before"]),
+                    ("feedback_lm", "feedback_lm", ["--memory-span", str(p["span"]), *head_dim])],
+                   lambda arch, extra: build_language_model(arch, tasks[arch], p, dictionary, seed, extra),
+                   device, dtype)
 
-    train, evaluate, sampling = {}, {}, {}
-    for arch, task, extra in [("transformer_lm", "language_modeling", ["--decoder-normalize-before"]),
-                              ("feedback_lm", "feedback_language_modeling", ["--memory-span", str(p["span"])])]:
-        model = build_language_model(arch, task, p, dictionary, seed, extra)
+    train, evaluate, sampling, profiles = {}, {}, {}, {}
+    for name, model in built.items():
         # consecutive blocks of the same streams, with the memory carried where
         # the model carries one
         counter = iter(range(10**9))
@@ -183,34 +266,41 @@ def language_model(p, seed):
         def target(state=state):
             return blocks[state["k"] + 1]
 
-        train[arch] = training_step(model, forward, target)
+        train[name] = training_step(model, forward, target)
 
         @torch.no_grad()
         def evaluation(model=model, forward=forward, target=target):
             model.eval()
-            F.cross_entropy(forward().reshape(-1, len(dictionary)), target().reshape(-1))
+            F.cross_entropy(forward().float().reshape(-1, len(dictionary)), target().reshape(-1))
             return target().numel()
 
-        evaluate[arch] = evaluation
+        evaluate[name] = evaluation
         # within transformer_lm's positions, the prompt and EOS included
-        sampling[arch] = generation(model, dictionary, sample, p["block"] - 2, beam_size=1,
+        sampling[name] = generation(model, dictionary, sample, p["block"] - 2, beam_size=1,
                                     search_strategy=search.Sampling(dictionary))
+        profiles[name] = kernels_and_busy_share(train[name], blocks[0].numel(), device)
     rates = [interleaved_rates(w, p["repeats"]) for w in (train, evaluate, sampling)]
     print_table(
         f"language model: d={p['embed_dim']} ffn={p['ffn_dim']} heads={p['heads']} layers={p['layers']}, "
         f"{p['streams']} streams x blocks of {p['block']} (feedback span {p['span']}, memory carried), "
         f"sampling {p['sample_batch']} sequences of {p['block'] - 2} tokens",
         ["train tok/s", "eval tok/s", "sample tok/s"],
-        [(arch, *(r[arch] for r in rates)) for arch in train])
+        [(name, *(r[name] for r in rates)) for name in built], profiles)
 
 
-def print_table(title, columns, rows):
+def print_table(title, columns, rows, profiles):
+    """Rates per model, the feedback model's (the second row's) as a ratio to
+    fairseq's (the first), and each model's training-step profile."""
+    gpu = any(busy is not None for _, busy in profiles.values())
+    columns = [*columns, "kernels/token" if gpu else "ops/token", *(["GPU busy"] if gpu else [])]
     print(title)
-    print(f"{'model':24s}" + "".join(f"{c:>16s}" for c in columns))
+    print(f"{'model':30s}" + "".join(f"{c:>16s}" for c in columns))
     for name, *values in rows:
-        print(f"{name:24s}" + "".join(f"{v:16.1f}" for v in values))
-    (_, *theirs), (_, *ours) = rows
-    print(f"{'feedback / fairseq':24s}" + "".join(f"{o / t:16.2f}" for o, t in zip(ours, theirs)))
+        kernels, busy = profiles[name]
+        print(f"{name:30s}" + "".join(f"{v:16.1f}" for v in (*values, kernels))
+              + (f"{busy:16.0%}" if gpu else ""))
+    (_, *theirs), (_, *ours) = rows[:2]
+    print(f"{'feedback / fairseq':30s}" + "".join(f"{o / t:16.2f}" for o, t in zip(ours, theirs)))
     print()
 
 
@@ -219,15 +309,26 @@ def main(argv=None):
     parser.add_argument("--preset", choices=sorted(PRESETS), default="base")
     parser.add_argument("--only", choices=["translation", "lm"], help="run one of the two comparisons")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32",
+                        help="the models' parameters and activations (fp16: on a GPU)")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no GPU is visible to torch")
+    if args.dtype == "fp16" and args.device == "cpu":
+        parser.error("--dtype fp16 needs --device cuda (use bf16 on the CPU)")
+    if args.threads is not None and args.threads < 1:
+        parser.error("--threads must be at least 1")
     if args.threads:
         torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, preset {args.preset}\n")
+    device, dtype = torch.device(args.device), DTYPES[args.dtype]
+    where = torch.cuda.get_device_name() if device.type == "cuda" else f"{torch.get_num_threads()} CPU threads"
+    print(f"torch {torch.__version__}, {where}, {args.dtype}, preset {args.preset}\n")
     if args.only in (None, "translation"):
-        translation(PRESETS[args.preset]["translation"], args.seed)
+        translation(PRESETS[args.preset]["translation"], args.seed, device, dtype)
     if args.only in (None, "lm"):
-        language_model(PRESETS[args.preset]["lm"], args.seed)
+        language_model(PRESETS[args.preset]["lm"], args.seed, device, dtype)
 
 
 if __name__ == "__main__":

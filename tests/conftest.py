@@ -26,6 +26,10 @@ def tiny_translation_model(*flags, arch="feedback_transformer", dictionary=None,
     return builders.translation_model(arch, [*sizes, *flags], dictionary, seed=seed), dictionary
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped without one); on a GPU machine: -m gpu")
+
+
 @pytest.fixture(autouse=True)
 def _deterministic():
     torch.manual_seed(0)

@@ -64,7 +64,7 @@ def incremental(model, encoder_out, prev, state=None):
 @pytest.mark.parametrize("span", SPANS.values(), ids=SPANS.keys())
 @pytest.mark.parametrize("flags", [*VARIANTS.values(), *BASELINE.values()], ids=[*VARIANTS, *BASELINE])
 def test_incremental_decoding_equals_teacher_forcing(flags, span, depth):
-    model, d = tiny_translation_model("--memory-span", str(span), "--decoder-layers", str(depth), *flags)
+    model, d = tiny_translation_model("--memory-span", str(span), *flags, layers=depth)
     train_spans(model)
     model.eval()
     src, src_lengths, prev = batch(d)
@@ -79,7 +79,7 @@ def test_incremental_decoding_equals_teacher_forcing(flags, span, depth):
 def test_reorder_follows_hypotheses_when_the_batch_shrinks(flags, depth):
     """Reordering mid-sentence, while dropping rows as beam search does when a
     sentence finishes, continues each kept row's own history."""
-    model, d = tiny_translation_model("--memory-span", "4", "--decoder-layers", str(depth), *flags)
+    model, d = tiny_translation_model("--memory-span", "4", *flags, layers=depth)
     train_spans(model)
     model.eval()
     src, src_lengths, prev = batch(d, rows=4)
@@ -209,8 +209,7 @@ def reference_log_probs(model, src, src_lengths, prev):
 @pytest.mark.parametrize("span", SPANS.values(), ids=SPANS.keys())
 @pytest.mark.parametrize("flags", VARIANTS.values(), ids=VARIANTS.keys())
 def test_gradients_equal_a_plain_reference(flags, span, depth):
-    model, d = tiny_translation_model("--memory-span", str(span), "--decoder-layers", str(depth), "--dropout", "0",
-                                      *flags)
+    model, d = tiny_translation_model("--memory-span", str(span), "--dropout", "0", *flags, layers=depth)
     train_spans(model)
     model.train()  # the training path, with dropout 0 so that it is deterministic
     src, src_lengths, prev = batch(d)

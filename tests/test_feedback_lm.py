@@ -81,7 +81,7 @@ def streamed_log_probs(model, task, split, block, rows=1):
 @pytest.mark.parametrize("flags", MODELS.values(), ids=MODELS.keys())
 def test_a_stream_read_in_blocks_equals_one_pass(flags, depth):
     d = make_dictionary()
-    model, task = tiny_lm("--memory-span", "12", "--decoder-layers", str(depth), *flags, dictionary=d)
+    model, task = tiny_lm("--memory-span", "12", *flags, dictionary=d, layers=depth)
     with_trained_spans(model).eval()
     split = SplitStream("valid", random_split(d))
     stream = torch.cat(split.tokens.lines)
@@ -132,7 +132,7 @@ def test_memory_is_carried_within_a_stream_and_never_across_streams():
 @pytest.mark.parametrize("flags", MODELS.values(), ids=MODELS.keys())
 def test_incremental_sampling_equals_the_training_forward(flags, depth):
     d = make_dictionary()
-    model, task = tiny_lm("--memory-span", "6", "--decoder-layers", str(depth), *flags, dictionary=d)
+    model, task = tiny_lm("--memory-span", "6", *flags, dictionary=d, layers=depth)
     with_trained_spans(model).eval()
     generator = SequenceGenerator([model], d, beam_size=1, search_strategy=search.Sampling(d), max_len_b=15,
                                   min_len=15)
@@ -183,7 +183,7 @@ def reference_transformer_xl(model, blocks):
 @pytest.mark.parametrize("depth", DEPTHS.values(), ids=DEPTHS.keys())
 def test_the_baseline_is_a_transformer_xl(depth):
     d = make_dictionary()
-    model, _ = tiny_lm("--no-feedback", "--memory-span", "5", "--decoder-layers", str(depth), dictionary=d)
+    model, _ = tiny_lm("--no-feedback", "--memory-span", "5", dictionary=d, layers=depth)
     model.train()  # dropout 0: the training path, deterministic
     tokens, target = torch.randint(d.nspecial, len(d), (2, 2, 24))
     blocks = tokens.split(8, dim=1)
@@ -235,7 +235,7 @@ def test_the_baseline_trains_the_same_in_one_pass_as_step_by_step(flags, depth):
     """The baseline computes a block at once in training; decoding runs it
     step by step, from its cache: the same gradients either way."""
     d = make_dictionary()
-    model, _ = tiny_lm("--no-feedback", "--memory-span", "5", "--decoder-layers", str(depth), *flags, dictionary=d)
+    model, _ = tiny_lm("--no-feedback", "--memory-span", "5", *flags, dictionary=d, layers=depth)
     model.train()
     tokens, target = torch.randint(d.nspecial, len(d), (2, 3, 12))
 

@@ -53,7 +53,7 @@ def test_translation_at_bucketed_shapes_trains_as_the_eager_loop(flags, depth):
     second and third batches, of other contents (and one of another shape),
     replay what the first captured, and the third accumulates its gradients
     onto the second's as --update-freq does."""
-    model, d = tiny_translation_model("--memory-span", "4", "--decoder-layers", str(depth), "--dropout", "0", *flags)
+    model, d = tiny_translation_model("--memory-span", "4", "--dropout", "0", *flags, layers=depth)
     model.train()
     batches = [batch(d) for _ in range(2)] + [batch(d, rows=5, src_len=9, tgt_len=3)]
     targets = [torch.randint(d.nspecial, len(d), prev.shape) for _, _, prev in batches]
@@ -159,7 +159,7 @@ def test_beam_search_over_the_static_memory_equals_the_eager_search(flags, span,
     """9 sentences, beam 5, up to 24 tokens: the rows start in a bucket of
     16 sentences and move to one of 8 once a sentence finishes; the memory
     grows past its first 16 slots, or wraps around a ring of span + 1."""
-    model, d = tiny_translation_model("--memory-span", str(span), "--decoder-layers", str(depth), *flags)
+    model, d = tiny_translation_model("--memory-span", str(span), *flags, layers=depth)
     for layer in model.decoder.layers:
         if layer.self_attn.span_mask is not None:
             layer.self_attn.span_mask.span_fraction.data.uniform_(0.3, 0.8)
@@ -193,7 +193,7 @@ def test_beam_search_over_the_static_memory_equals_the_eager_search(flags, span,
                          ids=["shared kv", "per-layer kv", "adaptive span"])
 def test_sampling_a_language_model_over_the_static_memory_equals_eager_sampling(flags, depth):
     d = make_dictionary()
-    model, _ = tiny_lm("--memory-span", "12", "--decoder-layers", str(depth), *flags, dictionary=d)
+    model, _ = tiny_lm("--memory-span", "12", *flags, dictionary=d, layers=depth)
     model.eval()
     prompt = torch.randint(d.nspecial, len(d), (3, 4))
     sample = {"net_input": {"src_tokens": prompt, "src_lengths": torch.full((3,), 4)}, "prefix_tokens": prompt}

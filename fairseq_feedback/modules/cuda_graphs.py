@@ -31,7 +31,6 @@ class GraphedFunction:
     """fn(*inputs) -> tuple of outputs, for inputs shaped as `sample_inputs`:
     one graph for the forward and, when gradients are on, one for the
     backward, with respect to the inputs that require them and `params`.
-    Outputs are the graph's own buffers: read them before the next call.
     `state`: tensors that fn updates in place (a decoding cache), restored
     after the runs that capturing takes."""
 
@@ -84,10 +83,10 @@ class GraphedFunction:
             t.copy_(before)
 
     def __call__(self, *inputs: Optional[Tensor]) -> Tuple[Tensor, ...]:
-        if self.training:
+        if self.training:  # read before the next replay: one block's backward comes before the next forward
             return _Replay.apply(self, *inputs, *self.params)
         self._run_forward(inputs)
-        return self.outputs
+        return tuple(o.clone() for o in self.outputs)  # a caller may keep them (features from the hub)
 
     def _run_forward(self, inputs):
         for static, x in zip(self.inputs, inputs):

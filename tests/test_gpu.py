@@ -1,0 +1,127 @@
+"""On a GPU: the per-token loop replayed as captured CUDA graphs gives the
+eager loop's numbers, in training (loss and every gradient), streaming,
+beam search, sampling and a fairseq-train run. Skipped without a GPU; on a
+GPU machine (../shared/gpu/README.md): python3 -m pytest -q -m gpu tests"""
+
+import re
+
+import pytest
+import torch
+from cli import run, run_module
+from conftest import make_dictionary, tiny_lm, tiny_translation_model
+from fairseq import search as search_module
+from test_feedback_decoder import batch
+from test_graphed_loop import assert_same_hypotheses, loss_and_gradients, search
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+PRECISION = {"fp32": (torch.float32, 1e-5), "fp16": (torch.float16, 1e-2)}
+OPTIONS = {
+    "shared kv": [],
+    "per-layer kv, adaptive span, relative positions": ["--per-layer-kv", "--adaptive-span", "--adaptive-span-ramp",
+                                                        "2", "--relative-positions"],
+    "persistent vectors, pre-norm": ["--persistent-vectors", "2", "--decoder-normalize-before"],
+}
+
+
+def eager(model):
+    model.decoder.use_cuda_graphs, model.decoder.graphed = False, None
+
+
+def captured(model):
+    model.decoder.use_cuda_graphs, model.decoder.graphed = True, None
+
+
+def assert_close(got, expected, tolerance):
+    (got_loss, got_grads), (loss, grads) = got, expected
+    torch.testing.assert_close(got_loss.float(), loss.float(), atol=tolerance, rtol=tolerance)
+    assert got_grads.keys() == grads.keys()
+    if tolerance <= 1e-5:  # in fp16 only the loss is compared
+        for name in grads:
+            torch.testing.assert_close(got_grads[name], grads[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+@pytest.mark.parametrize("precision", PRECISION.values(), ids=PRECISION.keys())
+@pytest.mark.parametrize("flags", OPTIONS.values(), ids=OPTIONS.keys())
+def test_captured_translation_training_equals_eager(flags, precision):
+    dtype, tolerance = precision
+    model, d = tiny_translation_model("--memory-span", "4", "--dropout", "0", *flags, layers=6)
+    model = model.cuda().to(dtype).train()
+    batches = [tuple(t.cuda() for t in batch(d, rows=rows, src_len=src, tgt_len=tgt))
+               for rows, src, tgt in ((3, 5, 7), (3, 5, 7), (11, 9, 13))]
+    targets = [torch.randint(d.nspecial, len(d), prev.shape, device="cuda") for _, _, prev in batches]
+
+    def results():
+        out = []
+        for (src, lengths, prev), target in zip(batches, targets):
+            model.zero_grad()
+            out.append(loss_and_gradients(model, lambda: model(src, lengths, prev)[0].float(), target))
+        return out
+
+    eager(model)
+    expected = results()
+    captured(model)
+    for got, want in zip(results(), expected):
+        assert_close(got, want, tolerance)
+    assert model.decoder.graphed.cache.captured == 2
+
+
+@pytest.mark.parametrize("precision", PRECISION.values(), ids=PRECISION.keys())
+def test_captured_stream_of_three_blocks_equals_eager(precision):
+    dtype, tolerance = precision
+    d = make_dictionary()
+    model, _ = tiny_lm("--memory-span", "10", dictionary=d)
+    model = model.cuda().to(dtype)
+    tokens, target = torch.randint(d.nspecial, len(d), (2, 3, 21), device="cuda")
+
+    def results():
+        model.train()
+        out = []
+        for k, (block, block_target) in enumerate(zip(tokens.split(7, 1), target.split(7, 1))):
+            model.zero_grad()
+            out.append(loss_and_gradients(model, lambda: model(block, stream="t", block=k)[0].float(), block_target))
+        return out
+
+    eager(model)
+    expected = results()
+    captured(model)
+    for got, want in zip(results(), expected):
+        assert_close(got, want, tolerance)
+
+
+def test_captured_beam_search_and_sampling_equal_eager():
+    model, d = tiny_translation_model("--memory-span", "5", layers=6)
+    model = model.cuda().eval()
+    src, lengths, _ = (t.cuda() for t in batch(d, rows=9, src_len=6))
+    sample = {"net_input": {"src_tokens": src, "src_lengths": lengths}}
+    lm, _ = tiny_lm("--memory-span", "12", dictionary=d)
+    lm = lm.cuda().eval()
+    prompt = torch.randint(d.nspecial, len(d), (3, 4), device="cuda")
+    lm_sample = {"net_input": {"src_tokens": prompt, "src_lengths": torch.full((3,), 4, device="cuda")},
+                 "prefix_tokens": prompt}
+    for m, args, s in ((model, dict(beam_size=5, max_len_b=24), sample),
+                       (lm, dict(beam_size=1, search_strategy=search_module.Sampling(d), max_len_b=30, min_len=30),
+                        lm_sample)):
+        eager(m)
+        expected = search(m, d, args, s, seed=1)
+        captured(m)
+        assert_same_hypotheses(search(m, d, args, s, seed=1), expected)
+        assert m.decoder.graphed.cache.captured > 0
+
+
+def test_fairseq_train_fp16_follows_the_eager_loss_curve(tmp_path):
+    run_module("data_prep.synthetic_translation", "--out", tmp_path / "corpus", "--train", 2000, "--vocab", 12,
+               "--max-len", 8)
+    run("preprocess", "--source-lang", "src", "--target-lang", "tgt", "--trainpref", tmp_path / "corpus" / "train",
+        "--validpref", tmp_path / "corpus" / "valid", "--destdir", tmp_path / "data", "--joined-dictionary",
+        "--workers", "1")
+    curves = []
+    for extra in ([], ["--no-cuda-graphs"]):
+        log = run("train", tmp_path / "data", "--arch", "feedback_transformer_iwslt_de_en", "--share-all-embeddings",
+                  "--dropout", "0", "--optimizer", "adam", "--lr", "5e-4", "--lr-scheduler", "inverse_sqrt",
+                  "--warmup-updates", "50", "--max-tokens", "4096", "--max-update", "200", "--fp16",
+                  "--log-format", "simple", "--log-interval", "20", "--seed", "1", "--no-save", *extra).stdout
+        curves.append([float(x) for x in re.findall(r"\| loss ([\d.]+) \|", log)])
+    captured_curve, eager_curve = curves
+    assert len(captured_curve) >= 10 and len(captured_curve) == len(eager_curve)
+    torch.testing.assert_close(torch.tensor(captured_curve), torch.tensor(eager_curve), atol=0.05, rtol=0.02)
