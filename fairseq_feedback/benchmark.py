@@ -14,9 +14,10 @@ the median call: the ratios compare architectures, not machines or moments.
 
 On a GPU the feedback models replay their per-token loop as CUDA graphs, and
 a third row runs them eagerly (--no-cuda-graphs) for comparison. Two more
-columns come from a profile of one training step: kernels per target token
-(on the CPU: operators dispatched, the count a GPU would launch) and the
-share of the step's wall time during which the GPU runs a kernel.
+columns come from a profile of one training step: kernels per target step
+(a position of every row; on the CPU: operators dispatched, the count a GPU
+would launch) and the share of the step's wall time during which the GPU
+runs a kernel.
 """
 
 import argparse
@@ -96,8 +97,9 @@ class _CountOps(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def kernels_and_busy_share(work, tokens_per_call: int, device: torch.device):
-    """Kernels per target token of one call of `work`, and the share of its
+def kernels_and_busy_share(work, steps_per_call: int, device: torch.device):
+    """Kernels per target step (one position of every row) of one call of
+    `work`, and the share of its
     wall time that the GPU spends running them (measured under the profiler,
     so a lower bound; None on the CPU, where the count is of dispatched
     operators)."""
@@ -105,7 +107,7 @@ def kernels_and_busy_share(work, tokens_per_call: int, device: torch.device):
     if device.type != "cuda":
         with _CountOps() as ops:
             work()
-        return ops.count / tokens_per_call, None
+        return ops.count / steps_per_call, None
     synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         start = time.perf_counter()
@@ -118,7 +120,7 @@ def kernels_and_busy_share(work, tokens_per_call: int, device: torch.device):
     for begin, end in kernels:  # the union of the kernels' intervals
         busy += max(0.0, end - max(begin, reach))
         reach = max(reach, end)
-    return len(kernels) / tokens_per_call, busy / wall_us
+    return len(kernels) / steps_per_call, busy / wall_us
 
 
 def random_tokens(dictionary, rows, length, generator):
@@ -225,7 +227,7 @@ def translation(p, seed, device, dtype):
             encoder_out = model.encoder(sentences.repeat_interleave(BEAM, 0),
                                         lengths.new_full((len(hypotheses),), p["length"]))
         state[name] = state_bytes_per_token(model, encoder_out, shifted(dictionary, hypotheses))
-        profiles[name] = kernels_and_busy_share(train[name], target.numel(), device)
+        profiles[name] = kernels_and_busy_share(train[name], p["length"], device)
     train = interleaved_rates(train, p["repeats"])
     beam = interleaved_rates(beam, p["repeats"])
     print_table(
@@ -278,7 +280,7 @@ def language_model(p, seed, device, dtype):
         # within transformer_lm's positions, the prompt and EOS included
         sampling[name] = generation(model, dictionary, sample, p["block"] - 2, beam_size=1,
                                     search_strategy=search.Sampling(dictionary))
-        profiles[name] = kernels_and_busy_share(train[name], blocks[0].numel(), device)
+        profiles[name] = kernels_and_busy_share(train[name], p["block"], device)
     rates = [interleaved_rates(w, p["repeats"]) for w in (train, evaluate, sampling)]
     print_table(
         f"language model: d={p['embed_dim']} ffn={p['ffn_dim']} heads={p['heads']} layers={p['layers']}, "
@@ -292,7 +294,7 @@ def print_table(title, columns, rows, profiles):
     """Rates per model, the feedback model's (the second row's) as a ratio to
     fairseq's (the first), and each model's training-step profile."""
     gpu = any(busy is not None for _, busy in profiles.values())
-    columns = [*columns, "kernels/token" if gpu else "ops/token", *(["GPU busy"] if gpu else [])]
+    columns = [*columns, "kernels/step" if gpu else "ops/step", *(["GPU busy"] if gpu else [])]
     print(title)
     print(f"{'model':30s}" + "".join(f"{c:>16s}" for c in columns))
     for name, *values in rows:

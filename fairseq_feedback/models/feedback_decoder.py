@@ -48,17 +48,18 @@ class FeedbackDecoder(MemoryDecoder):
         """Starts the memory (from m_{-1}, or from the stream's carried memory
         vectors, projected again with the current weights as the official code
         and Transformer-XL do) or resumes it from the decoding cache, then runs
-        the loop. A stream keeps its last `span` memory vectors, detached."""
+        the loop. A stream keeps its last `span` memory vectors, detached. On a
+        GPU the same loop and steps replay as CUDA graphs (graphed_loop.py)."""
         span = self.current_span()
         carried = None if stream_state is None else stream_state.get("memory")
         previous = carried if carried is not None else x.new_zeros(1, x.size(1), self.embed_dim)  # m_{-1}
         if self.graphed is None and self.use_cuda_graphs and x.is_cuda:
             self.graphed = GraphedFeedbackLoop(capture=True)
-        if self.graphed is not None and incremental_state is None:
-            x, memories = self.graphed(self, x, previous[-span:], span, layers, encoder_kv, encoder_bias)
-        elif self.graphed is not None and not torch.is_grad_enabled():  # decoding
+        if self.graphed is not None and incremental_state is not None and not torch.is_grad_enabled():
             return self.graphed.decode(self, x, span, layers, encoder_kv, encoder_bias, incremental_state,
                                        self.hypotheses_per_sentence(incremental_state))
+        if self.graphed is not None and incremental_state is None:
+            x, memories = self.graphed(self, x, previous[-span:], span, layers, encoder_kv, encoder_bias)
         else:
             buffer = self.memory.cached_keys_values(incremental_state)
             if buffer is None:
