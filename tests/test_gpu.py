@@ -32,6 +32,15 @@ def captured(model):
     model.decoder.use_cuda_graphs, model.decoder.graphed = True, None
 
 
+def assert_captured_equals_eager(model, results, tolerance):
+    """`results()` (losses and gradients) with the loop replayed as CUDA graphs, against eager."""
+    eager(model)
+    expected = results()
+    captured(model)
+    for got, want in zip(results(), expected):
+        assert_close(got, want, tolerance)
+
+
 def assert_close(got, expected, tolerance):
     (got_loss, got_grads), (loss, grads) = got, expected
     torch.testing.assert_close(got_loss.float(), loss.float(), atol=tolerance, rtol=tolerance)
@@ -58,11 +67,7 @@ def test_captured_translation_training_equals_eager(flags, precision):
             out.append(loss_and_gradients(model, lambda: model(src, lengths, prev)[0].float(), target))
         return out
 
-    eager(model)
-    expected = results()
-    captured(model)
-    for got, want in zip(results(), expected):
-        assert_close(got, want, tolerance)
+    assert_captured_equals_eager(model, results, tolerance)
     assert model.decoder.graphed.cache.captured == 2
 
 
@@ -82,11 +87,7 @@ def test_captured_stream_of_three_blocks_equals_eager(precision):
             out.append(loss_and_gradients(model, lambda: model(block, stream="t", block=k)[0].float(), block_target))
         return out
 
-    eager(model)
-    expected = results()
-    captured(model)
-    for got, want in zip(results(), expected):
-        assert_close(got, want, tolerance)
+    assert_captured_equals_eager(model, results, tolerance)
 
 
 def test_captured_beam_search_and_sampling_equal_eager():
