@@ -108,25 +108,77 @@ def feedback_architecture(args, fairseq_architecture, **defaults) -> None:
     check_feedback_args(args)
 
 
+# The values each numeric option can work with. Options a model does not
+# have (the encoder's, for the language model) or leaves unset are skipped.
+AT_LEAST_1 = (lambda v: v >= 1, "at least 1")
+AT_LEAST_0 = (lambda v: v >= 0, "at least 0")
+ABOVE_0 = (lambda v: v > 0, "greater than 0")
+PROBABILITY = (lambda v: 0 <= v < 1, "in [0, 1)")  # dropout of 1 would zero every activation
+FRACTION = (lambda v: 0 <= v <= 1, "in [0, 1]")
+RANGES = {
+    **dict.fromkeys(("memory_span", "head_dim", "adaptive_span_ramp", "max_source_positions", "max_target_positions",
+                     "decoder_layers", "decoder_embed_dim", "decoder_input_dim", "decoder_output_dim",
+                     "decoder_ffn_embed_dim", "decoder_attention_heads", "encoder_embed_dim",
+                     "encoder_ffn_embed_dim", "encoder_attention_heads", "character_embedding_dim",
+                     "quant_noise_pq_block_size"), AT_LEAST_1),
+    **dict.fromkeys(("encoder_layers", "persistent_vectors", "adaptive_span_loss", "char_embedder_highway_layers"),
+                    AT_LEAST_0),
+    **dict.fromkeys(("adaptive_input_factor", "adaptive_softmax_factor"), ABOVE_0),
+    **dict.fromkeys(("dropout", "attention_dropout", "activation_dropout", "relu_dropout", "adaptive_softmax_dropout",
+                     "encoder_layerdrop", "decoder_layerdrop", "quant_noise_pq", "quant_noise_scalar"), PROBABILITY),
+    "adaptive_span_init": FRACTION,
+}
+# fairseq options these decoders do not implement, and the value that turns each off
+UNSUPPORTED = {"checkpoint_activations": False, "base_layers": 0}
+
+
 def check_feedback_args(args) -> None:
-    """One-line errors for option values the decoder cannot use."""
-    if args.memory_span < 1:
-        raise FeedbackUsageError(f"--memory-span must be at least 1, got {args.memory_span}")
-    heads, embed_dim = args.decoder_attention_heads, args.decoder_embed_dim
-    if heads < 1 or embed_dim % heads and not args.head_dim:
-        raise FeedbackUsageError(
-            f"--decoder-embed-dim {embed_dim} is not divisible by --decoder-attention-heads {heads}; "
-            "change one, or set --head-dim"
-        )
-    if args.head_dim is not None and args.head_dim < 1:
-        raise FeedbackUsageError(f"--head-dim must be at least 1, got {args.head_dim}")
+    """One-line errors for option values the models cannot use."""
+    for name, (valid, bound) in RANGES.items():
+        value = _number(getattr(args, name, None))
+        if value is not None and not valid(value):
+            raise FeedbackUsageError(f"--{name.replace('_', '-')} must be {bound}, got {value}")
+    for name, off in UNSUPPORTED.items():
+        if getattr(args, name, off) not in (off, None):
+            raise FeedbackUsageError(f"--{name.replace('_', '-')} is not supported by the feedback decoder; drop it")
+    check_heads(args)
     composition_layer(args.memory_composition, args.decoder_layers)
-    if args.adaptive_span and (args.adaptive_span_ramp < 1 or not 0 <= args.adaptive_span_init <= 1):
-        raise FeedbackUsageError("--adaptive-span needs --adaptive-span-ramp >= 1 and --adaptive-span-init in [0, 1]")
-    if args.persistent_vectors < 0:
-        raise FeedbackUsageError(f"--persistent-vectors must be at least 0, got {args.persistent_vectors}")
-    if getattr(args, "checkpoint_activations", False):
-        raise FeedbackUsageError("--checkpoint-activations is not supported by the feedback decoder; drop the flag")
+    if args.adaptive_span_loss and not args.adaptive_span:
+        raise FeedbackUsageError("--adaptive-span-loss is the loss of learned spans: add --adaptive-span, "
+                                 "or drop --adaptive-span-loss")
+
+
+def _number(value):
+    """An option's number; None if it has none yet (unset, or an interpolation
+    of another option's value). fairseq's parser leaves the options it fills
+    by interpolation, such as --decoder-output-dim, as strings."""
+    if isinstance(value, str):
+        try:
+            return float(value) if any(c in value for c in ".eE") else int(value)
+        except ValueError:
+            return None
+    return value if isinstance(value, (int, float)) else None
+
+
+def check_heads(args) -> None:
+    """Each attention splits its dimension among its heads. The feedback
+    attention can take another size per head (--head-dim), but fairseq's
+    attention cannot: the translation encoder's, and the decoder's attention
+    over the encoder, which has the decoder's dimension and heads."""
+    encoder_dim = getattr(args, "encoder_embed_dim", None)  # None: a language model
+    if encoder_dim is not None and encoder_dim % args.encoder_attention_heads:
+        raise FeedbackUsageError(f"--encoder-embed-dim {encoder_dim} is not divisible by "
+                                 f"--encoder-attention-heads {args.encoder_attention_heads}: change one")
+    dim, heads = args.decoder_embed_dim, args.decoder_attention_heads
+    if dim % heads == 0:
+        return
+    if encoder_dim is not None and not getattr(args, "no_cross_attention", False):
+        raise FeedbackUsageError(f"--decoder-embed-dim {dim} is not divisible by --decoder-attention-heads {heads}: "
+                                 "change one (the decoder's attention over the encoder splits its dimension "
+                                 "among the heads, whatever --head-dim)")
+    if not args.head_dim:
+        raise FeedbackUsageError(f"--decoder-embed-dim {dim} is not divisible by --decoder-attention-heads {heads}: "
+                                 "change one, or set --head-dim")
 
 
 def check_dictionary_sizes(model, state_dict) -> None:
