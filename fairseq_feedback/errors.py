@@ -21,6 +21,10 @@ def _one_line(exc: BaseException):
     if isinstance(exc, FeedbackUsageError):
         return str(exc)
     message = str(exc)
+    missing_split = re.fullmatch(r"Dataset not found: (\S+) \((.*)\)", message)  # fairseq's translation task
+    if missing_split:
+        split, data = missing_split.groups()
+        return f"split '{split}' not found in {data}: binarize it there with fairseq-preprocess, or name another split"
     if isinstance(exc, FileNotFoundError):
         if re.search(r"dict\.[^/]*txt$", str(exc.filename or "")):
             return (f"dictionary {exc.filename} not found: point the data directory at the --destdir "

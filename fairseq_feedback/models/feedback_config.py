@@ -6,9 +6,12 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from fairseq.dataclass import FairseqDataclass
+from fairseq.models import ARCH_MODEL_REGISTRY
+from fairseq.tasks import TASK_REGISTRY
 
 from ..errors import FeedbackUsageError
 from ..modules.feedback_memory import composition_layer
+from ..tasks.adaptive_span_loss import AdaptiveSpanLossMixin
 from .feedback_decoder import FeedbackDecoder
 from .transformer_xl_decoder import TransformerXLDecoder
 
@@ -94,10 +97,10 @@ def build_decoder(cfg, dictionary, embed_tokens, no_encoder_attn=False):
 def feedback_architecture(args, fairseq_architecture, **defaults) -> None:
     """What every architecture of this plugin does: its own `defaults` (sizes,
     the paper's choices), then fairseq's architecture of the same shape, then
-    the feedback options' defaults, then one check of them all. Options
-    already set (on the command line, in a checkpoint) are kept. fairseq
-    applies architectures while parsing the command line, so a bad value
-    stops it before it creates any directory."""
+    the feedback options' defaults, then one check of them all and of the
+    task they go with. Options already set (on the command line, in a
+    checkpoint) are kept. fairseq applies architectures while parsing the
+    command line, so a bad value stops it before it creates any directory."""
     for name, value in defaults.items():
         if getattr(args, name, None) is None:
             setattr(args, name, value)
@@ -106,6 +109,19 @@ def feedback_architecture(args, fairseq_architecture, **defaults) -> None:
         if not name.startswith("_") and getattr(args, name, None) is None:
             setattr(args, name, value)
     check_feedback_args(args)
+    check_task(args)
+
+
+def check_task(args) -> None:
+    """The model goes with its task (the model's check_task), checked as fairseq
+    parses the command line: before it composes its configuration, which for
+    a language model under a translation task fails on an option the model
+    takes from the task (--tokens-per-sample). Options read from a checkpoint
+    name the task of their training, or none; the model's build_model checks
+    the task that builds it."""
+    task = TASK_REGISTRY.get(getattr(args, "task", None))
+    if task is not None:
+        ARCH_MODEL_REGISTRY[args.arch].check_task(task)
 
 
 # The values each numeric option can work with. Options a model does not
@@ -179,6 +195,18 @@ def check_heads(args) -> None:
     if not args.head_dim:
         raise FeedbackUsageError(f"--decoder-embed-dim {dim} is not divisible by --decoder-attention-heads {heads}: "
                                  "change one, or set --head-dim")
+
+
+def check_training(cfg, task) -> None:
+    """fairseq-train's command line for a feedback model, before it starts
+    (checks.py): the model's options, and what training needs of the task (a
+    class): learned spans need their loss added and their values kept in
+    range, which only this plugin's tasks do."""
+    check_feedback_args(cfg.model)
+    if cfg.model.adaptive_span and not issubclass(task, AdaptiveSpanLossMixin):
+        raise FeedbackUsageError("--adaptive-span is trained by this plugin's tasks, which add --adaptive-span-loss "
+                                 "and keep the spans in range: use --task feedback_translation "
+                                 "(feedback_language_modeling for a language model), or drop --adaptive-span")
 
 
 def check_dictionary_sizes(model, state_dict) -> None:
