@@ -13,7 +13,8 @@ check_command_line first. What it checks:
   one, which it builds from the command line);
 - the splits a training run reads exist and have lines, in fairseq's layout
   of the task (fairseq-preprocess's, monolingual or bilingual); every tool
-  checks a split for lines as fairseq loads it (check_not_empty).
+  checks a split for lines as fairseq loads it (check_not_empty);
+- a checkpoint named to resume or fine-tune from exists and is complete.
 
 Model options alone are checked earlier, as fairseq parses them, by the
 architectures (models/feedback_config.py); those of the architecture
@@ -29,6 +30,7 @@ from fairseq.tasks import TASK_REGISTRY
 from fairseq.tasks.language_modeling import LanguageModelingTask
 from fairseq.tasks.translation import TranslationTask
 
+from .checkpoints import check_complete
 from .errors import FeedbackUsageError
 
 
@@ -47,6 +49,7 @@ def check_command_line(cfg) -> None:
             part.check_command_line(cfg, model, task)
     if model is not None and task is not None:
         check_training_data(cfg, task)
+        check_resumed_checkpoint(cfg)
 
 
 # --- the data ------------------------------------------------------------------------------------
@@ -114,3 +117,28 @@ def check_training_data(cfg, task) -> None:
                                      "or pass --source-lang and --target-lang")
         for path, split in reads:
             _bilingual_split(path, split, src, tgt, impl)
+
+
+# --- checkpoints ---------------------------------------------------------------------------------
+
+
+def check_resumed_checkpoint(cfg) -> None:
+    """A checkpoint named with --restore-file (other than the default,
+    checkpoint_last.pt in --save-dir), which fairseq-train silently replaces
+    by a fresh model when it does not exist, or with --finetune-from-model,
+    read when --save-dir holds no checkpoint_last.pt yet."""
+    checkpoint = cfg.checkpoint
+    if cfg.distributed_training.use_sharded_state:
+        return  # one file per rank, named by fairseq-train as it runs
+    suffix = checkpoint.checkpoint_suffix or ""
+    named = {}
+    if checkpoint.restore_file != "checkpoint_last.pt":
+        named["--restore-file"] = checkpoint.restore_file.replace(".pt", suffix + ".pt")
+    elif not os.path.exists(os.path.join(checkpoint.save_dir, f"checkpoint_last{suffix}.pt")):
+        named["--finetune-from-model"] = checkpoint.finetune_from_model
+    for option, path in named.items():
+        if path is None:
+            continue
+        if not os.path.isfile(path):
+            raise FeedbackUsageError(f"{option} {path} not found: check the path")
+        check_complete(path)

@@ -13,8 +13,8 @@ checkpoints.py.
 
 And fairseq stops on some mistakes only deep inside (with a traceback), or
 after fairseq-train has created --save-dir: a command line is checked before
-a tool's main runs, and a split before numpy maps it (checks.py). All are
-applied when the plugin is imported.
+a tool's main runs, a checkpoint file before torch reads it, and a split
+before numpy maps it (checks.py). All are applied when the plugin is imported.
 """
 
 import functools
@@ -24,7 +24,7 @@ from fairseq import checkpoint_utils
 from fairseq.data import data_utils
 from fairseq.distributed import utils as distributed_utils
 
-from .checkpoints import AtomicCopyPathManager, resume_from_a_complete_checkpoint
+from .checkpoints import AtomicCopyPathManager, check_complete, resume_from_a_complete_checkpoint
 from .checks import check_command_line, check_not_empty
 
 
@@ -65,4 +65,5 @@ def apply_fairseq_fixes() -> None:
         checkpoint_utils.load_checkpoint = resume_from_a_complete_checkpoint(checkpoint_utils.load_checkpoint)
     # each looked up in its module when called, by fairseq's tools and by fairseq itself
     distributed_utils.call_main = _checked_first(distributed_utils.call_main, check_command_line)
+    checkpoint_utils.load_checkpoint_to_cpu = _checked_first(checkpoint_utils.load_checkpoint_to_cpu, check_complete)
     data_utils.load_indexed_dataset = _checked_first(data_utils.load_indexed_dataset, check_not_empty)

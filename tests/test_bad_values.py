@@ -185,10 +185,37 @@ CASES = {
                                     "split 'nosuch' not found in {TR}"),
     "generate: empty test split (cold)": Case("generate", ["{TR_EMPTY}", *GENERATE[1:], "--gen-subset", "test"],
                                               "{TR_EMPTY}/test.src-tgt.src.bin holds no lines", cold=True),
+    # checkpoints given explicitly: missing, cut short, empty, not a checkpoint
+    "lm --restore-file missing": lm("--restore-file", "{OUT}.pt", message="--restore-file {OUT}.pt not found"),
+    "lm --restore-file truncated": lm("--restore-file", "{TRUNCATED}", message="{TRUNCATED} is truncated"),
+    "lm --finetune-from-model missing": lm("--finetune-from-model", "{OUT}.pt",
+                                           message="--finetune-from-model {OUT}.pt not found"),
+    "lm --finetune-from-model truncated": lm("--finetune-from-model", "{TRUNCATED}",
+                                             message="{TRUNCATED} is truncated"),
+    "translation --restore-file empty": tr("--restore-file", "{EMPTY_FILE}", message="{EMPTY_FILE} is truncated"),
+    "translation --restore-file not a checkpoint": tr("--restore-file", "{TEXT_FILE}",
+                                                      message="{TEXT_FILE} is not a checkpoint"),
+    "generate --path truncated (cold)": Case("generate", ["{TR}", "--path", "{TRUNCATED}", "--cpu"],
+                                             "{TRUNCATED} is truncated", cold=True),
+    "generate --path missing": Case("generate", ["{TR}", "--path", "{OUT}.pt", "--cpu"],
+                                    "checkpoint {OUT}.pt not found"),
+    "eval-lm --path truncated": Case("eval_lm", ["{LM}", "--path", "{TRUNCATED}", "--cpu"],
+                                     "{TRUNCATED} is truncated"),
+    "eval-lm --path not a checkpoint": Case("eval_lm", ["{LM}", "--path", "{TEXT_FILE}", "--cpu"],
+                                            "{TEXT_FILE} is not a checkpoint"),
+    "interactive --path truncated": Case("interactive", ["{TR}", "--path", "{TRUNCATED}", "--cpu"],
+                                         "{TRUNCATED} is truncated", stdin="s1 s2\n"),
+    "interactive --path empty": Case("interactive", ["{TR}", "--path", "{EMPTY_FILE}", "--cpu"],
+                                     "{EMPTY_FILE} is truncated", stdin="s1 s2\n"),
 }
 
 # Known to fall short, each with why; strict: a fix shows up as an unexpected pass.
 LEFT = {
+    "generate --path truncated --results-path": (
+        Case("generate", ["{TR}", "--path", "{TRUNCATED}", "--cpu", "--results-path", "{OUT}"],
+             "{TRUNCATED} is truncated"),
+        "fairseq-generate creates --results-path (and an empty generate-test.txt) as its main begins; no code of "
+        "the plugin runs between its parsing and its main"),
 }
 
 
