@@ -207,6 +207,25 @@ CASES = {
                                          "{TRUNCATED} is truncated", stdin="s1 s2\n"),
     "interactive --path empty": Case("interactive", ["{TR}", "--path", "{EMPTY_FILE}", "--cpu"],
                                      "{EMPTY_FILE} is truncated", stdin="s1 s2\n"),
+    # this package's tools
+    **{f"average-checkpoints {option} {value}": Case(
+        "fairseq_feedback.average_checkpoints", ["--inputs", "{LM}", "--num-epoch-checkpoints", "1", option,
+                                                 str(value), "--output", "{OUT}"],
+        f"{option} must be at least 1, got {value}")
+       for option in ("--num-epoch-checkpoints", "--checkpoint-upper-bound") for value in (0, -1)},
+    "average-checkpoints --num-update-checkpoints 0 (cold)": Case(
+        "fairseq_feedback.average_checkpoints", ["--inputs", "{LM}", "--num-update-checkpoints", "0", "--output",
+                                                 "{OUT}"], "--num-update-checkpoints must be at least 1, got 0",
+        cold=True),
+    **{f"evaluate_toy {option} {value}": Case(
+        "fairseq_feedback.evaluate_toy", ["--task", "random_walk", "--data", "{LM}", "--path", "{LM_CKPT}", option,
+                                          str(value), "--output", "{OUT}"], f"{option} must be at least 1, got {value}")
+       for option in ("--batch-size", "--tokens-per-sample") for value in (0, -1)},
+    **{f"demo --{option} {value}": Case("fairseq_feedback.demo", ["--tiny", "--out", "{OUT}", f"--{option}",
+                                                                   str(value)],
+                                        f"--{option} must be at least {low}, got {value}")
+       for option, low, values in (("updates", 1, (0, -1)), ("eval-every", 1, (0, -1)), ("threads", 1, (0, -1)),
+                                   ("seed", 0, (-1,))) for value in values},
 }
 
 # Known to fall short, each with why; strict: a fix shows up as an unexpected pass.
@@ -216,6 +235,10 @@ LEFT = {
              "{TRUNCATED} is truncated"),
         "fairseq-generate creates --results-path (and an empty generate-test.txt) as its main begins; no code of "
         "the plugin runs between its parsing and its main"),
+    "feedback-benchmark --threads -1": (
+        Case("fairseq_feedback.benchmark", ["--preset", "tiny", "--threads", "-1"], "--threads must be at least 1"),
+        "benchmark.py is another engineer's file: --threads below 1 reaches torch.set_num_threads (a traceback; "
+        "--threads 0 is silently ignored)"),
 }
 
 
