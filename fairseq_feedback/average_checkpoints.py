@@ -161,7 +161,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     p.error = lambda message: fail(f"{message} (see --help)")  # one line, like the other errors
     args = p.parse_args(argv)
     num = args.num_epoch_checkpoints or args.num_update_checkpoints
-    for option in ("num_epoch_checkpoints", "num_update_checkpoints"):
+    for option in ("num_epoch_checkpoints", "num_update_checkpoints", "checkpoint_upper_bound"):  # epochs, updates from 1
         value = getattr(args, option)
         if value is not None and value < 1:
             fail(f"--{option.replace('_', '-')} must be at least 1, got {value}")

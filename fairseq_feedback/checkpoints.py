@@ -7,7 +7,9 @@ checkpoint_last.pt, on which the next fairseq-train fails although complete
 copies lie beside it. Here every copy goes to a temporary name in the same
 folder and is renamed into place; and a run that finds checkpoint_last.pt
 truncated (by a copy of an older fairseq, say) says so and resumes from the
-newest complete checkpoint instead.
+newest complete checkpoint instead. A checkpoint named on the command line
+(--path, --restore-file) that is cut short is named in one line instead of
+torch's traceback (check_complete).
 
 "Complete" means torch.save's zip archive has its central directory, which
 is written last: a file cut short at any point lacks it. Nothing is
@@ -55,6 +57,23 @@ def is_complete(path: str) -> bool:
             return True
     except (zipfile.BadZipFile, OSError):
         return False
+
+
+def check_complete(path: str) -> None:
+    """One line naming a checkpoint file torch.load would fail on with a
+    traceback: cut short (or empty), or not a checkpoint at all. A missing
+    file is left to the caller, and a file in torch's format from before
+    1.6 (a pickle, not a zip) to torch."""
+    if not os.path.isfile(path) or is_complete(path):
+        return
+    with open(path, "rb") as f:
+        start = f.read(4)
+    if start[:1] == b"\x80":  # pickle's first byte: torch's legacy format
+        return
+    if b"PK\x03\x04".startswith(start):  # a zip archive's first bytes, or none: cut short
+        raise FeedbackUsageError(f"{path} is truncated (its save or copy was cut short) and cannot be loaded: "
+                                 "use a complete checkpoint")
+    raise FeedbackUsageError(f"{path} is not a checkpoint (not a file torch.save wrote): check the path")
 
 
 def newest_complete_checkpoint(save_dir: str, suffix: str = ""):

@@ -383,6 +383,10 @@ def run(out, config=CONFIG, threads=None):
     return text
 
 
+def _one_line_error(message):
+    raise SystemExit(f"demo: error: {message}")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m fairseq_feedback.demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="demo", help="the results folder (a previous demo's is replaced)")
@@ -391,16 +395,17 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, help=f"seed of the data and of training (default {CONFIG['seed']})")
     parser.add_argument("--threads", type=int, help="threads per training run (default: half the cores)")
     parser.add_argument("--tiny", action="store_true", help="a few updates of a tiny model: checks that it runs")
+    parser.error = _one_line_error  # argparse's would print the usage before it
     args = parser.parse_args(argv)
-    config = dict(TINY if args.tiny else CONFIG)
-    if args.seed is not None:
-        config["seed"] = args.seed
-    for key in ("updates", "eval_every"):
+    # before anything is written: the seed goes to numpy (0 and up), the rest count
+    for key, lowest in (("updates", 1), ("eval_every", 1), ("threads", 1), ("seed", 0)):
         value = getattr(args, key)
-        if value is not None:
-            if value < 1:
-                parser.error(f"--{key.replace('_', '-')} must be positive")
-            config[key] = value
+        if value is not None and value < lowest:
+            parser.error(f"--{key.replace('_', '-')} must be at least {lowest}, got {value}")
+    config = dict(TINY if args.tiny else CONFIG)
+    for key in ("updates", "eval_every", "seed"):
+        if getattr(args, key) is not None:
+            config[key] = getattr(args, key)
     from .evaluate_toy import quiet
 
     quiet()

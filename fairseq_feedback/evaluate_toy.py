@@ -183,9 +183,9 @@ def evaluate(task, data, path, split="test", raw=None, output=None, batch_size=N
     if task not in METRICS:
         raise FeedbackUsageError(f"unknown task {task!r}: one of {', '.join(sorted(METRICS))}")
     if batch_size is not None and batch_size < 1:
-        raise FeedbackUsageError(f"--batch-size must be positive, got {batch_size}")
+        raise FeedbackUsageError(f"--batch-size must be at least 1, got {batch_size}")
     if tokens_per_sample is not None and tokens_per_sample < 1:
-        raise FeedbackUsageError(f"--tokens-per-sample must be positive, got {tokens_per_sample}")
+        raise FeedbackUsageError(f"--tokens-per-sample must be at least 1, got {tokens_per_sample}")
     labels = read_labels(raw) if raw else None  # before the model: a bad path fails fast
     model, fs_task, cfg, progress = load(path, data, tokens_per_sample)
     if torch.cuda.is_available() and not cpu:

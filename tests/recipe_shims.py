@@ -103,11 +103,14 @@ def spawn_workers(argv, workers):
     return max(results)
 
 
-def run(tool, argv, target=None):
-    """Runs the tool on argv: forked by the server when there is one, else in a child process."""
+def run(tool, argv, target=None, fds=(0, 1, 2), env=None):
+    """Runs the tool on argv: forked by the server when there is one, else in a
+    child process. The forked process gets `fds` as its standard input, output
+    and error, and `env` (default: this process's) as its environment."""
     target = target or ("fairseq", FAIRSEQ[tool], "cli_main")
-    request = {"tool": tool, "argv": argv, "target": target, "cwd": os.getcwd(), "env": dict(os.environ)}
-    path = os.environ.get("RECIPE_ZYGOTE")
+    env = dict(os.environ if env is None else env)
+    request = {"tool": tool, "argv": argv, "target": target, "cwd": os.getcwd(), "env": env}
+    path = env.get("RECIPE_ZYGOTE")
     if not path:
         import subprocess
 
@@ -117,7 +120,7 @@ def run(tool, argv, target=None):
     with socket.socket(socket.AF_UNIX) as s:
         s.connect(path)
         payload = json.dumps(request).encode()
-        socket.send_fds(s, [struct.pack("!Q", len(payload)) + payload], [0, 1, 2])
+        socket.send_fds(s, [struct.pack("!Q", len(payload)) + payload], list(fds))
         reply = b""
         while len(reply) < 4:
             chunk = s.recv(4 - len(reply))
@@ -127,10 +130,46 @@ def run(tool, argv, target=None):
     return struct.unpack("!i", reply)[0]
 
 
-def serve(path):
-    """Forks a process per request, after importing torch and fairseq once."""
+def start_server(log_path, preload=()):
+    """Starts `serve` in a new process: (the process, the path of its socket).
+    `preload` names further modules for it to import once, such as the plugin
+    (only for commands whose --user-dir is the plugin's own path: fairseq
+    refuses another path to a module already imported)."""
+    import subprocess
+    import tempfile
+    import time
+
+    tests = os.path.dirname(os.path.abspath(__file__))
+    path = os.path.join(tempfile.mkdtemp(prefix="recipes-"), "zygote")  # short: a socket path has a limit
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([sys.executable, "-c", f"import sys; sys.path.insert(0, {tests!r}); "
+                                 f"import recipe_shims; recipe_shims.serve({path!r}, {list(preload)!r})"],
+                                env=dict(os.environ, PYTHONPATH=os.path.dirname(tests), OMP_NUM_THREADS="1",
+                                         PYTHONWARNINGS="ignore"),
+                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not os.path.exists(path):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            with open(log_path) as log:
+                raise RuntimeError(f"the fork server did not start:\n{log.read()[-3000:]}")
+        time.sleep(0.1)
+    return proc, path
+
+
+def stop_server(proc, path):
+    proc.kill()
+    proc.wait()
+    os.unlink(path)
+    os.rmdir(os.path.dirname(path))
+
+
+def serve(path, preload=()):
+    """Forks a process per request, after importing torch, fairseq and `preload` once."""
     import torch  # noqa: F401
     import fairseq  # noqa: F401
+
+    for module in preload:
+        importlib.import_module(module)
 
     listener = socket.socket(socket.AF_UNIX)
     listener.bind(path)

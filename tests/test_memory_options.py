@@ -2,6 +2,8 @@
 definitions (equivalence of training, decoding and streaming with each option
 is checked in test_feedback_decoder.py and test_feedback_lm.py)."""
 
+import re
+
 import pytest
 import torch
 from conftest import make_dictionary, tiny_lm, tiny_translation_model
@@ -80,11 +82,16 @@ def test_fixed_compositions_weigh_the_layers_as_named(composition, weights):
 @pytest.mark.parametrize("flags, message", [
     (["--memory-composition", "layer:9"], "--memory-composition 'layer:9'"),
     (["--memory-composition", "bottom"], "use weighted, average, top, or layer:K"),
-    (["--adaptive-span", "--adaptive-span-init", "2"], "--adaptive-span-init in [0, 1]"),
+    (["--adaptive-span", "--adaptive-span-init", "2"], "--adaptive-span-init must be in [0, 1], got 2"),
     (["--persistent-vectors", "-1"], "--persistent-vectors must be at least 0"),
+    (["--dropout", "1"], "--dropout must be in [0, 1), got 1"),
+    (["--decoder-input-dim", "0"], "--decoder-input-dim must be at least 1, got 0"),
+    (["--adaptive-span-loss", "0.1"], "--adaptive-span-loss is the loss of learned spans: add --adaptive-span"),
+    (["--decoder-attention-heads", "3"], "--decoder-embed-dim 16 is not divisible by --decoder-attention-heads 3: "
+                                         "change one, or set --head-dim"),
 ])
 def test_bad_option_values_are_named(flags, message):
-    with pytest.raises(FeedbackUsageError, match=message.replace("[", r"\[").replace("]", r"\]")):
+    with pytest.raises(FeedbackUsageError, match=re.escape(message)):
         tiny_lm(*flags)
 
 

@@ -41,6 +41,7 @@ import pytest
 import torch
 
 import data_prep_fixtures as fx
+import recipe_shims
 from cli import error_lines
 from conftest import PLUGIN
 from data_prep.toy_tasks import METRICS
@@ -226,25 +227,6 @@ class Run:
         return [c for c in calls if tool is None or c["tool"] == tool]
 
 
-def start_zygote(root: Path):
-    """The server the stand-ins ask to fork their commands (see tests/recipe_shims.py)."""
-    import tempfile
-
-    path = os.path.join(tempfile.mkdtemp(prefix="recipes-"), "zygote")  # short: a socket path has a limit
-    with open(root / "zygote.log", "w") as log:
-        proc = subprocess.Popen([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(TESTS)!r}); "
-                                 f"import recipe_shims; recipe_shims.serve({path!r})"],
-                                env=dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1",
-                                         PYTHONWARNINGS="ignore"),
-                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
-    while not os.path.exists(path):
-        assert proc.poll() is None and time.monotonic() < deadline, \
-            f"the recipes' server did not start:\n{(root / 'zygote.log').read_text()[-3000:]}"
-        time.sleep(0.1)
-    return proc, path
-
-
 def start(recipe: Recipe, root: Path, zygote: str) -> Run:
     work = root / recipe.name
     work.mkdir(parents=True)
@@ -275,17 +257,14 @@ def runs(request, tmp_path_factory):
     if not wanted:
         yield {}
         return
-    zygote, path = start_zygote(root)
+    zygote, path = recipe_shims.start_server(root / "zygote.log")
     started = {name: start(RECIPES[name], root, path) for name in dict.fromkeys(wanted)}
     yield started
     for run in started.values():
         if run.proc.poll() is None:
             run.proc.kill()
             run.proc.wait()
-    zygote.kill()
-    zygote.wait()
-    os.unlink(path)
-    os.rmdir(os.path.dirname(path))
+    recipe_shims.stop_server(zygote, path)
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -11,7 +11,7 @@ import ast
 from dataclasses import dataclass, field
 from typing import Dict
 
-from fairseq.models import register_model, register_model_architecture
+from fairseq.models import ARCH_CONFIG_REGISTRY, register_model, register_model_architecture
 from fairseq.models.transformer_lm import (
     DEFAULT_MAX_TARGET_POSITIONS,
     TransformerLanguageModel,
@@ -19,15 +19,19 @@ from fairseq.models.transformer_lm import (
     base_lm_architecture,
 )
 from fairseq.modules import AdaptiveInput, CharacterTokenEmbedder
+from fairseq.tasks.language_modeling import LanguageModelingTask
 from omegaconf import II
 from torch import Tensor
 
 from ..errors import FeedbackUsageError
+from ..tasks.feedback_language_modeling import check_block
 from .feedback_config import (
     FeedbackConfig,
     build_decoder,
     check_dictionary_sizes,
     check_feedback_args,
+    check_task,
+    check_training,
     decoder_config,
     feedback_architecture,
 )
@@ -87,8 +91,24 @@ class FeedbackLanguageModel(TransformerLanguageModel):
         parser.conflict_handler = handler
 
     @classmethod
+    def check_task(cls, task):
+        """`task`, a class."""
+        if not issubclass(task, LanguageModelingTask):
+            raise FeedbackUsageError("feedback_lm is a language model: use --task feedback_language_modeling "
+                                     "(the translation model is --arch feedback_transformer)")
+
+    @classmethod
+    def check_command_line(cls, cfg, model, task):
+        """Before fairseq-train starts (checks.py), where the options of the
+        architecture `feedback_lm` are first checked (see below)."""
+        check_training(cfg, task)
+        if not cfg.model.no_token_positional_embeddings:  # absolute positions: as many as the model has
+            check_block(cfg.task.tokens_per_sample, cfg.model.max_target_positions)
+
+    @classmethod
     def build_model(cls, args, task):
-        check_feedback_args(args)  # `feedback_lm` has no architecture function of its own to check them
+        cls.check_task(type(task))
+        check_feedback_args(args)  # for what does not come through fairseq's tools (the hub, Python)
         if args.decoder_layers_to_keep:
             args.decoder_layers = len(args.decoder_layers_to_keep.split(","))
         if getattr(args, "max_target_positions", None) is None:
@@ -135,6 +155,13 @@ class FeedbackLanguageModel(TransformerLanguageModel):
         check_dictionary_sizes(self, state_dict)
         return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
 
+
+# For a model registered with a dataclass, fairseq registers a no-op as the
+# architecture of the model's name: its defaults are the dataclass's, applied
+# after parsing. `feedback_lm` checks its task there, as every architecture of
+# this plugin does; its options, once they have their defaults, before
+# fairseq-train starts (check_command_line).
+ARCH_CONFIG_REGISTRY["feedback_lm"] = check_task
 
 # The paper's language-model choices (section 4, Table 9), on top of fairseq's
 # transformer_lm defaults; options already set are kept.

@@ -13,9 +13,16 @@ from fairseq.models.transformer import (
     transformer_iwslt_de_en,
     transformer_vaswani_wmt_en_de_big,
 )
+from fairseq.tasks.language_modeling import LanguageModelingTask
 
 from ..errors import FeedbackUsageError
-from .feedback_config import FeedbackConfig, build_decoder, check_dictionary_sizes, feedback_architecture
+from .feedback_config import (
+    FeedbackConfig,
+    build_decoder,
+    check_dictionary_sizes,
+    check_training,
+    feedback_architecture,
+)
 
 
 @register_model("feedback_transformer")
@@ -35,8 +42,21 @@ class FeedbackTransformerModel(TransformerModel):
         parser.set_defaults(update_epoch_batch_itr=True)
 
     @classmethod
+    def check_task(cls, task):
+        """`task`, a class: a language-modelling task has no source side to give the encoder."""
+        if issubclass(task, LanguageModelingTask):
+            raise FeedbackUsageError("feedback_transformer is a translation model, which a language-modelling task "
+                                     "cannot train: use --task translation (or feedback_translation), or the "
+                                     "language model, --arch feedback_lm")
+
+    @classmethod
+    def check_command_line(cls, cfg, model, task):
+        check_training(cfg, task)
+
+    @classmethod
     def build_model(cls, args, task):
         # fairseq applied the architecture (defaults and checks) before this
+        cls.check_task(type(task))
         if getattr(args, "share_all_embeddings", False) and task.source_dictionary != task.target_dictionary:
             raise FeedbackUsageError(
                 "--share-all-embeddings needs one dictionary for both sides: "

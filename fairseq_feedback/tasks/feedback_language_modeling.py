@@ -26,9 +26,11 @@ import numpy as np
 import torch
 from fairseq import utils
 from fairseq.data import Dictionary, FairseqDataset, TokenBlockDataset, data_utils, iterators
+from fairseq.models import MODEL_REGISTRY
 from fairseq.tasks import register_task
 from fairseq.tasks.language_modeling import LanguageModelingConfig, LanguageModelingTask
 
+from ..checks import monolingual_split, training_splits
 from ..errors import FeedbackUsageError
 from .adaptive_span_loss import AdaptiveSpanLossMixin
 
@@ -44,6 +46,11 @@ class FeedbackLanguageModelingConfig(LanguageModelingConfig):
                           "predict its label instead of the next token"},
     )
     ignore_label: str = field(default="_", metadata={"help": "the label of positions that carry no loss"})
+
+
+# fairseq's language-modelling options that streams have no use for, and their values that mean "off"
+UNUSED = {"sample_break_mode": "none", "shorten_method": "none", "add_bos_token": False, "self_target": False,
+          "future_target": False, "past_target": False, "pad_to_fixed_length": False, "pad_to_fixed_bsz": False}
 
 
 class StreamBlockDataset(FairseqDataset):
@@ -110,14 +117,60 @@ class StreamBlockDataset(FairseqDataset):
 @register_task("feedback_language_modeling", dataclass=FeedbackLanguageModelingConfig)
 class FeedbackLanguageModelingTask(AdaptiveSpanLossMixin, LanguageModelingTask):
     @classmethod
+    def check_model(cls, model):
+        """`model`, a class: the memory carried from block to block is feedback_lm's."""
+        if not issubclass(model, MODEL_REGISTRY["feedback_lm"]):
+            raise FeedbackUsageError("--task feedback_language_modeling carries each stream's memory from block to "
+                                     "block, which only --arch feedback_lm (and feedback_lm_*) does: use it (with "
+                                     "--no-feedback for the transformer baseline), or --task language_modeling")
+
+    @classmethod
+    def check_command_line(cls, cfg, model, task):
+        """The command line of any fairseq tool, before it starts (checks.py);
+        `model` is None unless it trains one."""
+        super().check_command_line(cfg, model, task)
+        cls.check_streams(cfg)
+        if cfg.task.labels:
+            cls.check_labels(cfg, training=model is not None)
+        elif cfg.task.ignore_label != "_":
+            raise FeedbackUsageError("--ignore-label is a label of --labels: add --labels, or drop --ignore-label")
+
+    @staticmethod
+    def check_streams(cfg):
+        """The blocks, and the batches of streams of training (and eval-lm) and validation."""
+        block = cfg.task.tokens_per_sample
+        if block < 1:
+            raise FeedbackUsageError(f"--tokens-per-sample must be at least 1, got {block}")
+        for name, off in UNUSED.items():
+            if cfg.task.get(name, off) != off:
+                raise FeedbackUsageError(f"--task feedback_language_modeling does not use {_flag(name)}: "
+                                         "its streams run across lines, block after block; drop the option, or use "
+                                         "--task language_modeling")
+        for rows_name, tokens_name in (("batch_size", "max_tokens"), ("batch_size_valid", "max_tokens_valid")):
+            rows, tokens = cfg.dataset.get(rows_name), cfg.dataset.get(tokens_name)
+            if rows is not None and rows < 1:
+                raise FeedbackUsageError(f"{_flag(rows_name)} must be at least 1, got {rows}: it counts the streams "
+                                         "of a batch")
+            if tokens is not None and tokens < block:
+                raise FeedbackUsageError(f"{_flag(tokens_name)} {tokens} holds no block of --tokens-per-sample "
+                                         f"{block}: raise it, or give the streams per batch with {_flag(rows_name)}")
+
+    @staticmethod
+    def check_labels(cfg, training):
+        args = cfg.task
+        labels = Dictionary.load(labels_dictionary(args.data, args.labels))
+        if args.ignore_label != "_" and args.ignore_label not in labels:  # labels may need no `_`: all scored
+            raise FeedbackUsageError(f"--ignore-label {args.ignore_label!r} is not a label of {args.labels} (its "
+                                     "dict.txt): pass the label that marks positions without a target")
+        if training:
+            for path, split in training_splits(cfg):
+                monolingual_split(os.path.join(path, args.labels), split, cfg.dataset.dataset_impl)
+
+    @classmethod
     def setup_dictionary(cls, args, **kwargs):
         dictionary, output_dictionary = super().setup_dictionary(args, **kwargs)
         if args.labels:
-            path = os.path.join(utils.split_paths(args.data)[0], args.labels, "dict.txt")
-            if not os.path.exists(path):
-                raise FeedbackUsageError(f"labels dictionary {path} not found: binarize the labels with "
-                                         f"fairseq-preprocess --only-source --destdir {os.path.dirname(path)}")
-            output_dictionary = Dictionary.load(path)
+            output_dictionary = Dictionary.load(labels_dictionary(args.data, args.labels))
         return dictionary, output_dictionary
 
     def load_dataset(self, split, epoch=1, combine=False, **kwargs):
@@ -132,13 +185,8 @@ class FeedbackLanguageModelingTask(AdaptiveSpanLossMixin, LanguageModelingTask):
             self._check_aligned(tokens, labels, os.path.join(path, split), os.path.join(path, self.args.labels, split))
         self.datasets[split] = SplitStream(split, tokens, labels)
 
-    @staticmethod
-    def _load_tokens(path, split, dictionary):
-        tokens = data_utils.load_indexed_dataset(os.path.join(path, split), dictionary)
-        if tokens is None:
-            raise FeedbackUsageError(f"split '{split}' not found in {path}: expected {split}.bin and {split}.idx "
-                                     "from fairseq-preprocess --only-source")
-        return tokens
+    def _load_tokens(self, path, split, dictionary):
+        return data_utils.load_indexed_dataset(monolingual_split(path, split, self.args.dataset_impl), dictionary)
 
     @staticmethod
     def _check_aligned(tokens, labels, tokens_path, labels_path):
@@ -157,9 +205,7 @@ class FeedbackLanguageModelingTask(AdaptiveSpanLossMixin, LanguageModelingTask):
                 dataset, max_tokens=max_tokens, max_sentences=max_sentences, max_positions=max_positions,
                 num_shards=num_shards, shard_id=shard_id, epoch=epoch, num_workers=num_workers, **kwargs)
         block = self.args.tokens_per_sample
-        if max_positions is not None and block > max_positions:
-            raise FeedbackUsageError(f"--tokens-per-sample {block} is longer than the model allows "
-                                     f"({max_positions}): use shorter blocks")
+        check_block(block, max_positions)
         rows = max_sentences or max(1, (max_tokens or block) // block)
         streams = dataset.blocks(block, self.source_dictionary, self.output_dictionary, self.args.ignore_label,
                                  rows, num_shards, shard_id)
@@ -259,6 +305,25 @@ class SplitStream(FairseqDataset):
         logger.info(f"{self.name}: {int(cumulative[-1])} tokens, {scored}, in {num_streams} streams of up to "
                     f"{steps} blocks of {block} tokens ({rows} streams on this worker)")
         return dataset
+
+
+def check_block(block, max_positions):
+    if max_positions is not None and block > max_positions:
+        raise FeedbackUsageError(f"--tokens-per-sample {block} is longer than the model allows ({max_positions}): "
+                                 "use shorter blocks")
+
+
+def _flag(name):
+    return "--" + name.replace("_", "-")
+
+
+def labels_dictionary(data, labels):
+    """The path of the labels' dictionary, checked."""
+    path = os.path.join(utils.split_paths(data)[0], labels, "dict.txt")
+    if not os.path.exists(path):
+        raise FeedbackUsageError(f"labels dictionary {path} not found: binarize the labels with "
+                                 f"fairseq-preprocess --only-source --destdir {os.path.dirname(path)}")
+    return path
 
 
 class _Lines:
