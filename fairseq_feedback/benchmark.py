@@ -32,6 +32,7 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from data_prep.files import fail
 from fairseq_feedback import builders
 from fairseq_feedback.builders import make_dictionary, size_flags
 
@@ -315,6 +316,7 @@ def main(argv=None):
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32",
                         help="the models' parameters and activations (fp16: on a GPU)")
     parser.add_argument("--seed", type=int, default=1)
+    parser.error = fail  # one line; argparse's own prints the usage first
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no GPU is visible to torch")
