@@ -16,11 +16,12 @@ On a GPU the feedback models replay their per-token loop as CUDA graphs, and
 a third row runs them eagerly (--no-cuda-graphs) for comparison. Two more
 columns come from a profile of one training step: kernels per target step
 (a position of every row; on the CPU: operators dispatched, the count a GPU
-would launch) and the share of the step's wall time during which the GPU
+would launch, the feedback loop's as a GPU replays it) and the share of the step's wall time during which the GPU
 runs a kernel.
 """
 
 import argparse
+import contextlib
 import statistics
 import time
 
@@ -35,6 +36,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from data_prep.files import fail
 from fairseq_feedback import builders
 from fairseq_feedback.builders import make_dictionary, size_flags
+from fairseq_feedback.models.feedback_decoder import FeedbackDecoder
+from fairseq_feedback.models.graphed_loop import GraphedFeedbackLoop
 
 PRESETS = {
     # the targets' settings: translation at base widths with a 6-layer decoder
@@ -98,15 +101,31 @@ class _CountOps(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def kernels_and_busy_share(work, steps_per_call: int, device: torch.device):
+@contextlib.contextmanager
+def loop_as_a_gpu_replays_it(model):
+    """A feedback decoder's loop through the CUDA-graph path, without capture
+    (bucketed shapes, weight gradients once per block): on the CPU, the
+    operators a GPU would replay rather than those of the eager loop."""
+    decoder = model.decoder
+    if not isinstance(decoder, FeedbackDecoder):
+        yield
+        return
+    decoder.graphed = GraphedFeedbackLoop(capture=False)
+    try:
+        yield
+    finally:
+        decoder.graphed = None
+
+
+def kernels_and_busy_share(model, work, steps_per_call: int, device: torch.device):
     """Kernels per target step (one position of every row) of one call of
     `work`, and the share of its
     wall time that the GPU spends running them (measured under the profiler,
     so a lower bound; None on the CPU, where the count is of dispatched
-    operators)."""
+    operators, the feedback loop's as a GPU replays it)."""
     work()
     if device.type != "cuda":
-        with _CountOps() as ops:
+        with _CountOps() as ops, loop_as_a_gpu_replays_it(model):
             work()
         return ops.count / steps_per_call, None
     synchronize()
@@ -228,7 +247,7 @@ def translation(p, seed, device, dtype):
             encoder_out = model.encoder(sentences.repeat_interleave(BEAM, 0),
                                         lengths.new_full((len(hypotheses),), p["length"]))
         state[name] = state_bytes_per_token(model, encoder_out, shifted(dictionary, hypotheses))
-        profiles[name] = kernels_and_busy_share(train[name], p["length"], device)
+        profiles[name] = kernels_and_busy_share(model, train[name], p["length"], device)
     train = interleaved_rates(train, p["repeats"])
     beam = interleaved_rates(beam, p["repeats"])
     print_table(
@@ -281,7 +300,7 @@ def language_model(p, seed, device, dtype):
         # within transformer_lm's positions, the prompt and EOS included
         sampling[name] = generation(model, dictionary, sample, p["block"] - 2, beam_size=1,
                                     search_strategy=search.Sampling(dictionary))
-        profiles[name] = kernels_and_busy_share(train[name], p["block"], device)
+        profiles[name] = kernels_and_busy_share(model, train[name], p["block"], device)
     rates = [interleaved_rates(w, p["repeats"]) for w in (train, evaluate, sampling)]
     print_table(
         f"language model: d={p['embed_dim']} ffn={p['ffn_dim']} heads={p['heads']} layers={p['layers']}, "

@@ -21,7 +21,6 @@ from typing import Dict, List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from ..modules.block_weight_gradients import weight_gradients_per_block
 from ..modules.feedback_attention import MemoryView
 from ..modules.feedback_decoder_layer import FeedbackDecoderLayer
 from ..modules.feedback_memory import FeedbackMemory
@@ -98,16 +97,14 @@ class FeedbackDecoder(MemoryDecoder):
         persistent = [None if layer is None else layer.self_attn.persistent() for layer in layers]
         encoder_kv = self.per_layer(encoder_kv, len(layers))
         outputs, memories = [], []
-        with weight_gradients_per_block([*self.memory.modules(), *(m for layer in layers if layer is not None
-                                                                   for m in layer.modules())]):
-            for h in x.unbind(0):  # not x[t]: each index's backward fills a gradient of all of x
-                views = [MemoryView(keys, values, None if bias is None else bias[..., -keys.size(2):], vectors)
-                         for (keys, values), bias, vectors in zip(
-                             self.memory.layer_keys_values(window, self.keys_with_positions), span_biases, persistent)]
-                h, m = self.feedback_step(h, views, layers, encoder_kv, encoder_bias, weights)
-                window = buffer.append(self.memory.project(m.unsqueeze(0)), span)
-                outputs.append(h)
-                memories.append(m)
+        for h in x.unbind(0):  # not x[t]: each index's backward fills a gradient of all of x
+            views = [MemoryView(keys, values, None if bias is None else bias[..., -keys.size(2):], vectors)
+                     for (keys, values), bias, vectors in zip(
+                         self.memory.layer_keys_values(window, self.keys_with_positions), span_biases, persistent)]
+            h, m = self.feedback_step(h, views, layers, encoder_kv, encoder_bias, weights)
+            window = buffer.append(self.memory.project(m.unsqueeze(0)), span)
+            outputs.append(h)
+            memories.append(m)
         return torch.stack(outputs), torch.stack(memories)
 
     def feedback_step(self, h: Tensor, views: List[MemoryView], layers: List[Optional[FeedbackDecoderLayer]],

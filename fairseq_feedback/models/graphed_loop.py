@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..errors import FeedbackUsageError
+from ..modules.block_weight_gradients import weight_gradients_per_block
 from ..modules.cuda_graphs import GraphCache
 from ..modules.feedback_attention import MemoryView
 from ..modules.static_memory import StaticMemory
@@ -81,7 +82,11 @@ class GraphedFeedbackLoop:
 
         def loop(x, initial, encoder_kv, encoder_bias):
             buffer, window = decoder.start_memory(initial, len(x), span)
-            outputs, memories = decoder.feedback_loop(x, buffer, window, span, layers, encoder_kv, encoder_bias)
+            # in a graph kernels cost and Python does not: the linear layers'
+            # weight gradients once per block
+            with weight_gradients_per_block([*decoder.memory.modules(),
+                                             *(m for layer in layers if layer is not None for m in layer.modules())]):
+                outputs, memories = decoder.feedback_loop(x, buffer, window, span, layers, encoder_kv, encoder_bias)
             return outputs, memories.detach()  # a stream carries its memory detached: no backward for it
 
         outputs, memories = self.cache(key, loop, inputs, params)
