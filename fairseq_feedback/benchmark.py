@@ -16,8 +16,8 @@ On a GPU the feedback models replay their per-token loop as CUDA graphs, and
 a third row runs them eagerly (--no-cuda-graphs) for comparison. Two more
 columns come from a profile of one training step: kernels per target step
 (a position of every row; on the CPU: operators dispatched, the count a GPU
-would launch, the feedback loop's as a GPU replays it) and the share of the step's wall time during which the GPU
-runs a kernel.
+would launch, the feedback loop's as a GPU replays it) and the share of the
+step's wall time during which the GPU runs a kernel.
 """
 
 import argparse

@@ -3,8 +3,8 @@
 The loop applies each linear layer to one step at a time, y_t = x_t W^T + b.
 Autograd would compute dW_t = g_t^T x_t and db_t = sum g_t at every step (g_t
 the gradient of y_t) and add each to the sum so far: four small kernels per
-layer and step, as many as the step's own matrix products. The sum is one
-matrix product over the block,
+layer and step besides the two products the step needs (y_t, and the
+gradient of x_t). The sum is one matrix product over the block,
 
     dW = sum_t g_t^T x_t = G^T X,        db = sum_t g_t
 
