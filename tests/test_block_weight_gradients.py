@@ -55,3 +55,11 @@ def test_without_gradients_the_layers_run_as_they_are():
     linear = nn.Linear(4, 4)
     with torch.no_grad(), weight_gradients_per_block([linear]):
         assert "forward" not in vars(linear)
+
+
+def test_a_linear_with_a_pre_hook_runs_as_it_is():
+    """fairseq's quant-noise changes a weight in a forward pre-hook: such a layer keeps its own forward."""
+    linear = nn.Linear(4, 4)
+    linear.register_forward_pre_hook(lambda module, inputs: None)
+    with weight_gradients_per_block([linear]):
+        assert "forward" not in vars(linear)

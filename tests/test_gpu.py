@@ -16,8 +16,9 @@ from test_graphed_loop import assert_same_hypotheses, loss_and_gradients, search
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 PRECISION = {"fp32": (torch.float32, 1e-5), "fp16": (torch.float16, 1e-2)}
-# --amp: float32 parameters, the forward autocast to float16
-AUTOCAST = {"fp32": None, "fp16": None, "amp": torch.float16}
+# training also under --amp: float32 parameters, the forward autocast to float16
+TRAINING = {**{name: (dtype, tolerance, None) for name, (dtype, tolerance) in PRECISION.items()},
+            "amp": (torch.float32, 1e-2, torch.float16)}
 OPTIONS = {
     "shared kv": [],
     "per-layer kv, adaptive span, relative positions": ["--per-layer-kv", "--adaptive-span", "--adaptive-span-ramp",
@@ -52,10 +53,10 @@ def assert_close(got, expected, tolerance):
             torch.testing.assert_close(got_grads[name], grads[name], atol=1e-5, rtol=1e-4, msg=name)
 
 
-@pytest.mark.parametrize("precision", AUTOCAST)
+@pytest.mark.parametrize("precision", TRAINING.values(), ids=TRAINING.keys())
 @pytest.mark.parametrize("flags", OPTIONS.values(), ids=OPTIONS.keys())
 def test_captured_translation_training_equals_eager(flags, precision):
-    dtype, tolerance = PRECISION.get(precision, (torch.float32, 1e-2))
+    dtype, tolerance, autocast = precision
     model, d = tiny_translation_model("--memory-span", "4", "--dropout", "0", *flags, layers=6)
     model = model.cuda().to(dtype).train()
     batches = [tuple(t.cuda() for t in batch(d, rows=rows, src_len=src, tgt_len=tgt))
@@ -66,7 +67,7 @@ def test_captured_translation_training_equals_eager(flags, precision):
         out = []
         for (src, lengths, prev), target in zip(batches, targets):
             model.zero_grad()
-            with torch.autocast("cuda", AUTOCAST[precision] or torch.float16, enabled=bool(AUTOCAST[precision])):
+            with torch.autocast("cuda", autocast or dtype, enabled=autocast is not None):
                 logits = model(src, lengths, prev)[0].float()
             out.append(loss_and_gradients(model, lambda: logits, target))
         return out
