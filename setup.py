@@ -13,8 +13,8 @@ setup(
         # is fairseq main with that fix, and imports as `fairseq`
         'fairseq-fixed==0.12.3.1; python_version >= "3.11"',
         'fairseq==0.12.2; python_version < "3.11"',
-        "torch>=1.13",
-        # fairseq still calls np.compat.long (TokenBlockDataset, LanguagePairDataset), removed in numpy 2
+        # torch.amp.custom_fwd(device_type=...), torch.get_autocast_dtype: torch 2.4
+        "torch>=2.4",
         "numpy<2",
         "sacrebleu>=2.0",
         "sacremoses",

@@ -41,7 +41,7 @@ def _one_line(exc: BaseException):
     return None
 
 
-def _running_a_tool() -> bool:
+def running_a_tool() -> bool:
     """Whether this process is one of fairseq's command-line tools or this
     package's, started as `python -m fairseq_cli.train` (and the like) or as a
     console script (fairseq-train, feedback-score)."""
@@ -60,7 +60,7 @@ def install_excepthook() -> None:
     def hook(exc_type, exc, tb):
         # decided here, not at import: `python -m` imports a tool's package
         # before it makes the tool __main__
-        line = _one_line(exc) if _running_a_tool() else None
+        line = _one_line(exc) if running_a_tool() else None
         if line is None:
             previous(exc_type, exc, tb)
         else:

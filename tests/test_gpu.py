@@ -1,7 +1,9 @@
 """On a GPU: the per-token loop replayed as captured CUDA graphs gives the
-eager loop's numbers, in training (loss and every gradient), streaming,
-beam search, sampling and a fairseq-train run. Skipped without a GPU; on a
-GPU machine (../shared/gpu/README.md): python3 -m pytest -q -m gpu tests"""
+eager loop's numbers, in training (loss and every gradient, in fp32, fp16
+and under --amp, with dropout), streaming, beam search, sampling, graphs
+replayed in any order from a cache smaller than the shapes, gradient
+accumulation and a fairseq-train run; and no graph had to give way to the
+eager loop. Skipped without a GPU; on a GPU machine: python3 -m pytest -q -m gpu tests"""
 
 import re
 
@@ -13,9 +15,11 @@ from fairseq import search as search_module
 from test_feedback_decoder import batch
 from test_graphed_loop import assert_same_hypotheses, loss_and_gradients, search
 
+from fairseq_feedback.modules.cuda_graphs import GraphCache
+
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
-PRECISION = {"fp32": (torch.float32, 1e-5), "fp16": (torch.float16, 1e-2)}
+PRECISION = {"fp32": (torch.float32, 1e-5), "fp16": (torch.float16, 2e-2)}
 # training also under --amp: float32 parameters, the forward autocast to float16
 TRAINING = {**{name: (dtype, tolerance, None) for name, (dtype, tolerance) in PRECISION.items()},
             "amp": (torch.float32, 1e-2, torch.float16)}
@@ -28,29 +32,43 @@ OPTIONS = {
 
 
 def eager(model):
-    model.decoder.use_cuda_graphs, model.decoder.graphed = False, None
+    model.decoder.use_cuda_graphs("off")
 
 
-def captured(model):
-    model.decoder.use_cuda_graphs, model.decoder.graphed = True, None
+def captured(model, max_graphs=64):
+    model.decoder.use_cuda_graphs("auto")
+    model.decoder.graphed.cache = GraphCache(capture=True, name="test", max_graphs=max_graphs)
 
 
-def assert_captured_equals_eager(model, results, tolerance):
-    """`results()` (losses and gradients) with the loop replayed as CUDA graphs, against eager."""
+def assert_no_fallback(*models):
+    for model in models:
+        assert model.decoder.graphed.cache.failed is None, model.decoder.graphed.cache.failed
+
+
+def assert_captured_equals_eager(model, results, tolerance, seed=None):
+    """`results()` (losses and gradients) with the loop replayed as CUDA
+    graphs, against eager; `seed`: both passes draw dropout from it."""
     eager(model)
+    if seed is not None:
+        torch.cuda.manual_seed(seed)
     expected = results()
     captured(model)
+    if seed is not None:
+        torch.cuda.manual_seed(seed)
     for got, want in zip(results(), expected):
         assert_close(got, want, tolerance)
+    assert_no_fallback(model)
 
 
 def assert_close(got, expected, tolerance):
+    """The loss, and every gradient relative to its largest value."""
     (got_loss, got_grads), (loss, grads) = got, expected
     torch.testing.assert_close(got_loss.float(), loss.float(), atol=tolerance, rtol=tolerance)
     assert got_grads.keys() == grads.keys()
-    if tolerance <= 1e-5:  # in fp16 only the loss is compared
-        for name in grads:
-            torch.testing.assert_close(got_grads[name], grads[name], atol=1e-5, rtol=1e-4, msg=name)
+    for name in grads:
+        scale = grads[name].float().abs().max().clamp_min(1e-6)
+        torch.testing.assert_close(got_grads[name].float() / scale, grads[name].float() / scale,
+                                   atol=tolerance * 10, rtol=0, msg=name)
 
 
 @pytest.mark.parametrize("precision", TRAINING.values(), ids=TRAINING.keys())
@@ -74,6 +92,88 @@ def test_captured_translation_training_equals_eager(flags, precision):
 
     assert_captured_equals_eager(model, results, tolerance)
     assert model.decoder.graphed.cache.captured == 2
+
+
+def test_captured_training_with_dropout_equals_eager_from_the_same_seed():
+    model, d = tiny_translation_model("--memory-span", "4", "--dropout", "0.2", "--attention-dropout", "0.1", layers=3)
+    model = model.cuda().train()
+    batches = [tuple(t.cuda() for t in batch(d, rows=rows, src_len=src, tgt_len=tgt))
+               for rows, src, tgt in ((3, 5, 7), (3, 5, 7), (11, 9, 13))]
+    targets = [torch.randint(d.nspecial, len(d), prev.shape, device="cuda") for _, _, prev in batches]
+
+    def results():
+        out = []
+        for (src, lengths, prev), target in zip(batches, targets):
+            model.zero_grad()
+            out.append(loss_and_gradients(model, lambda: model(src, lengths, prev)[0], target))
+        return out
+
+    assert_captured_equals_eager(model, results, 1e-5, seed=3)
+
+
+def test_graphs_replayed_in_any_order_from_a_small_cache_with_evaluation_and_decoding_between():
+    """Four shapes, a cache of two graphs, the blocks in shuffled order,
+    training mixed with evaluation and beam search: every result the eager
+    loop's, no graph given up."""
+    model, d = tiny_translation_model("--memory-span", "5", "--dropout", "0", layers=3)
+    model = model.cuda()
+    shapes = [(3, 5, 7), (9, 17, 7), (20, 5, 30), (3, 40, 3)]
+    batches = [tuple(t.cuda() for t in batch(d, rows=rows, src_len=src, tgt_len=tgt)) for rows, src, tgt in shapes]
+    targets = [torch.randint(d.nspecial, len(d), prev.shape, device="cuda") for _, _, prev in batches]
+    order = [0, 2, 1, 3, 2, 0, 3, 1, 1, 2]
+    src, lengths, _ = batches[1]
+    sample = {"net_input": {"src_tokens": src[:5], "src_lengths": lengths[:5]}}
+
+    def results():
+        out = []
+        for i in order:
+            (src, lengths, prev), target = batches[i], targets[i]
+            model.train()
+            model.zero_grad()
+            out.append(loss_and_gradients(model, lambda: model(src, lengths, prev)[0], target))
+            model.eval()
+            with torch.no_grad():
+                out.append(model(src, lengths, prev)[0])
+            if i == 3:
+                out.append(search(model, d, dict(beam_size=4, max_len_b=10), sample))
+        return out
+
+    eager(model)
+    expected = results()
+    captured(model, max_graphs=2)
+    for got, want in zip(results(), expected):
+        if isinstance(want, tuple):
+            assert_close(got, want, 1e-5)
+        elif isinstance(want, list):
+            assert_same_hypotheses(got, want)
+        else:
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert_no_fallback(model)
+    assert len(model.decoder.graphed.cache.graphs) <= 2
+
+
+def test_gradient_accumulation_keeps_parameters_grads_apart_from_the_graphs_buffers():
+    """--update-freq 2: the second replay must not overwrite the first
+    backward's gradients, so no .grad may be a graph's own buffer."""
+    model, d = tiny_translation_model("--memory-span", "4", "--dropout", "0", layers=3)
+    model = model.cuda().train()
+    batches = [tuple(t.cuda() for t in batch(d)) for _ in range(2)]  # one shape: one graph, replayed twice
+    targets = [torch.randint(d.nspecial, len(d), prev.shape, device="cuda") for _, _, prev in batches]
+
+    def accumulated():
+        model.zero_grad()
+        for (src, lengths, prev), target in zip(batches, targets):
+            loss = loss_and_gradients(model, lambda: model(src, lengths, prev)[0], target)[0]
+        return loss, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    eager(model)
+    expected = accumulated()
+    captured(model)
+    assert_close(accumulated(), expected, 1e-5)
+    buffers = {g.untyped_storage().data_ptr() for graphed in model.decoder.graphed.cache.graphs.values()
+               for g in graphed.grads if g is not None}
+    assert not any(p.grad.untyped_storage().data_ptr() in buffers for p in model.parameters() if p.grad is not None)
+    assert_no_fallback(model)
 
 
 @pytest.mark.parametrize("precision", PRECISION.values(), ids=PRECISION.keys())
@@ -113,6 +213,7 @@ def test_captured_beam_search_and_sampling_equal_eager():
         captured(m)
         assert_same_hypotheses(search(m, d, args, s, seed=1), expected)
         assert m.decoder.graphed.cache.captured > 0
+        assert_no_fallback(m)
 
 
 def test_fairseq_train_fp16_follows_the_eager_loss_curve(tmp_path):

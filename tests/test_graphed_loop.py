@@ -6,6 +6,8 @@ static memory (a masked ring, reordered in place, moved between buckets)
 gives the eager beam search and sampling. Capture itself needs a GPU: tests
 marked `gpu` run there."""
 
+import logging
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -15,7 +17,7 @@ from fairseq.sequence_generator import SequenceGenerator
 from test_feedback_decoder import DEPTHS, batch
 
 from fairseq_feedback.errors import FeedbackUsageError
-from fairseq_feedback.models.graphed_loop import GraphedFeedbackLoop, bucket
+from fairseq_feedback.models.graphed_loop import bucket
 
 OPTIONS = {
     "shared kv": [],
@@ -68,27 +70,40 @@ def test_translation_at_bucketed_shapes_trains_as_the_eager_loop(flags, depth):
         return results
 
     eager = run(accumulate=False) + run(accumulate=True)[-1:]
-    model.decoder.graphed = GraphedFeedbackLoop(capture=False)
+    model.decoder.use_cuda_graphs("emulate")
     graphed = run(accumulate=False) + run(accumulate=True)[-1:]
     for got, expected in zip(graphed, eager):
         assert_same(got, expected)
     assert model.decoder.graphed.cache.captured == 2  # 8x8x8, and 8 rows x 8 x 16 source positions
 
 
-def test_layerdrop_at_bucketed_shapes_leaves_dropped_layers_without_gradients():
+def test_training_under_layerdrop_runs_eagerly_with_one_warning(caplog):
+    """Each block leaves out other layers: 2^layers patterns, a graph each.
+    Training blocks run eagerly instead (dropped layers get no gradient);
+    evaluation, which keeps every layer, still goes through the graphs."""
     model, d = tiny_translation_model("--decoder-layerdrop", "0.5", "--decoder-layers", "6", "--dropout", "0")
-    model.train()
     src, src_lengths, prev = batch(d)
     target = torch.randint(d.nspecial, len(d), prev.shape)
     results = []
-    for graphed in (None, GraphedFeedbackLoop(capture=False)):
-        model.decoder.graphed = graphed
+    for mode in ("off", "emulate"):
+        model.decoder.use_cuda_graphs(mode)
+        model.train()
         model.zero_grad()
         torch.manual_seed(1)  # the same layers left out both times
-        results.append(loss_and_gradients(model, lambda: model(src, src_lengths, prev)[0], target))
-    assert_same(*results)
+        with caplog.at_level(logging.WARNING):
+            results.append(loss_and_gradients(model, lambda: model(src, src_lengths, prev)[0], target))
+            results.append(loss_and_gradients(model, lambda: model(src, src_lengths, prev)[0], target))
+    assert_same(results[0], results[2])
     trained = {name.split(".")[2] for name in results[0][1] if name.endswith("self_attn.q_proj.weight")}
     assert 0 < len(trained) < 6
+    assert [r.message for r in caplog.records].count(
+        "feedback loop: LayerDrop leaves out other layers at every block; "
+        "training blocks run eagerly, without CUDA graphs") == 1
+    assert model.decoder.graphed.cache.calls == 0
+    model.eval()
+    with torch.no_grad():
+        model(src, src_lengths, prev)
+    assert model.decoder.graphed.cache.calls == 1
 
 
 @pytest.mark.parametrize("flags", [[], ["--per-layer-kv"], ["--adaptive-span", "--adaptive-span-ramp", "2"]],
@@ -112,7 +127,7 @@ def test_a_stream_at_bucketed_shapes_trains_as_the_eager_loop(flags):
         return results
 
     *eager, eager_eval = run()
-    model.decoder.graphed = GraphedFeedbackLoop(capture=False)
+    model.decoder.use_cuda_graphs("emulate")
     *graphed, graphed_eval = run()
     for got, expected in zip(graphed, eager):
         assert_same(got, expected)
@@ -176,7 +191,7 @@ def test_beam_search_over_the_static_memory_equals_the_eager_search(flags, span,
         eos *= 1.15
     else:
         pytest.fail("sentences always ended together")
-    model.decoder.graphed = GraphedFeedbackLoop(capture=False)
+    model.decoder.use_cuda_graphs("emulate")
     graphed = search(model, d, args, sample)
     assert_same_hypotheses(graphed, eager)
     memories = model.decoder.graphed.memories
@@ -199,14 +214,14 @@ def test_sampling_a_language_model_over_the_static_memory_equals_eager_sampling(
     sample = {"net_input": {"src_tokens": prompt, "src_lengths": torch.full((3,), 4)}, "prefix_tokens": prompt}
     args = dict(beam_size=1, search_strategy=search_module.Sampling(d), max_len_b=30, min_len=30)
     eager = search(model, d, args, sample, seed=1)
-    model.decoder.graphed = GraphedFeedbackLoop(capture=False)
+    model.decoder.use_cuda_graphs("emulate")
     assert_same_hypotheses(search(model, d, args, sample, seed=1), eager)
 
 
 def test_interleaved_searches_stop_with_one_line():
     model, d = tiny_translation_model()
     model.eval()
-    model.decoder.graphed = GraphedFeedbackLoop(capture=False)
+    model.decoder.use_cuda_graphs("emulate")
     src, src_lengths, prev = batch(d)
     encoder_out = model.encoder(src, src_lengths)
     first, second = {}, {}

@@ -5,7 +5,7 @@ between the feedback decoder and its Transformer baseline."""
 from dataclasses import dataclass, field
 from typing import Optional
 
-from fairseq.dataclass import FairseqDataclass
+from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.models import ARCH_MODEL_REGISTRY
 from fairseq.tasks import TASK_REGISTRY
 
@@ -14,6 +14,8 @@ from ..modules.feedback_memory import composition_layer
 from ..tasks.adaptive_span_loss import AdaptiveSpanLossMixin
 from .feedback_decoder import FeedbackDecoder
 from .transformer_xl_decoder import TransformerXLDecoder
+
+CUDA_GRAPHS = ChoiceEnum(["auto", "off", "emulate"])
 
 
 @dataclass
@@ -68,12 +70,16 @@ class FeedbackConfig(FairseqDataclass):
         default=False,
         metadata={"help": "drop the feed-forward sublayers (with --persistent-vectors: all-attention layers)"},
     )
-    no_cuda_graphs: bool = field(
-        default=False,
-        metadata={"help": "on a GPU, run the feedback decoder's per-token loop eagerly instead of replaying it as "
-                          "captured CUDA graphs (the same numbers, many times slower; fairseq-generate and "
-                          "eval-lm: --model-overrides \"{'no_cuda_graphs': True}\")"},
+    cuda_graphs: CUDA_GRAPHS = field(
+        default="auto",
+        metadata={"help": "the feedback decoder's per-token loop: 'auto' replays it as captured CUDA graphs on a GPU "
+                          "(each checked against the eager loop at its first use, eager if it fails) and runs it "
+                          "eagerly elsewhere; 'off' always eagerly (the same numbers, many times slower on a GPU); "
+                          "'emulate' through the graphs' padding, cache and checks without capturing, on any device "
+                          "(to see a data set's shapes and hit rate). fairseq-generate and eval-lm: "
+                          "--model-overrides \"{'cuda_graphs': 'off'}\""},
     )
+    no_cuda_graphs: bool = field(default=False, metadata={"help": "the same as --cuda-graphs off"})
 
 
 def decoder_config(args):

@@ -38,39 +38,46 @@ class FeedbackDecoder(MemoryDecoder):
             shared_kv=not cfg.per_layer_kv, normalize_before=cfg.decoder.normalize_before,
             composition=cfg.memory_composition,
         )
-        # on a GPU the loop runs as captured CUDA graphs (GraphedFeedbackLoop),
-        # made at the first forward there
-        self.use_cuda_graphs = not cfg.no_cuda_graphs
-        self.graphed: Optional[GraphedFeedbackLoop] = None
+        self.use_cuda_graphs("off" if cfg.no_cuda_graphs else str(cfg.cuda_graphs))
+
+    def use_cuda_graphs(self, mode: str) -> None:
+        """How the loop runs (--cuda-graphs): "off" eagerly; "auto" as CUDA
+        graphs on a GPU, eagerly elsewhere; "emulate" through the graphs'
+        bookkeeping without capture (GraphedFeedbackLoop)."""
+        self.graphed = None if mode == "off" else GraphedFeedbackLoop(mode)
 
     def decode(self, x, layers, encoder_kv, encoder_bias, incremental_state: Optional[IncrementalState] = None,
                stream_state: Optional[Dict[str, Tensor]] = None):
         """Starts the memory (from m_{-1}, or from the stream's carried memory
         vectors, projected again with the current weights as the official code
         and Transformer-XL do) or resumes it from the decoding cache, then runs
-        the loop. A stream keeps its last `span` memory vectors, detached. On a
-        GPU the same loop and steps replay as CUDA graphs (graphed_loop.py)."""
+        the loop, eagerly or as CUDA graphs (graphed_loop.py). A stream keeps
+        its last `span` memory vectors, detached."""
         span = self.current_span()
         carried = None if stream_state is None else stream_state.get("memory")
         previous = carried if carried is not None else x.new_zeros(1, x.size(1), self.embed_dim)  # m_{-1}
-        if self.graphed is None and self.use_cuda_graphs and x.is_cuda:
-            self.graphed = GraphedFeedbackLoop(capture=True)
-        if self.graphed is not None and incremental_state is not None and not torch.is_grad_enabled():
-            return self.graphed.decode(self, x, span, layers, encoder_kv, encoder_bias, incremental_state,
-                                       self.hypotheses_per_sentence(incremental_state))
-        if self.graphed is not None and incremental_state is None:
-            x, memories = self.graphed(self, x, previous[-span:], span, layers, encoder_kv, encoder_bias)
+        if self.graphed is not None and self.graphed.takes(self, x, layers, incremental_state):
+            x, memories = self.graphed.run(self, x, previous, span, layers, encoder_kv, encoder_bias, incremental_state)
         else:
-            buffer = self.memory.cached_keys_values(incremental_state)
-            if buffer is None:
-                buffer, window = self.start_memory(previous[-span:], len(x), span)
-            else:
-                window = buffer.window(span)
-            x, memories = self.feedback_loop(x, buffer, window, span, layers, encoder_kv, encoder_bias)
-            self.memory.cache_keys_values(incremental_state, buffer)
+            x, memories = self.run_eagerly(x, previous, span, layers, encoder_kv, encoder_bias, incremental_state)
         if stream_state is not None:
             stream_state["memory"] = torch.cat([previous, memories])[-self.span:].detach()
         return x
+
+    def run_eagerly(self, x, previous, span, layers, encoder_kv, encoder_bias, incremental_state):
+        buffer = self.memory.cached_keys_values(incremental_state)
+        if buffer is None:
+            buffer, window = self.start_memory(previous[-span:], len(x), span)
+        else:
+            window = buffer.window(span)
+        x, memories = self.feedback_loop(x, buffer, window, span, layers, encoder_kv, encoder_bias)
+        self.memory.cache_keys_values(incremental_state, buffer)
+        return x, memories
+
+    def train(self, mode: bool = True):
+        if self.graphed is not None and mode != self.training:  # an epoch, or a validation, has ended
+            self.graphed.log_statistics()
+        return super().train(mode)
 
     def reorder_incremental_state(self, incremental_state: IncrementalState, new_order: Tensor):
         super().reorder_incremental_state(incremental_state, new_order)

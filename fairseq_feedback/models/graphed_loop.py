@@ -6,8 +6,10 @@ loop is causal: later steps change nothing before them), rows (rows never
 mix), and source positions (masked out of encoder attention). Padding's
 outputs are cut off before anything reads them, so its gradients are zero
 and it changes no loss or gradient. One graph per bucket (and per span,
-kept layers, dtype, training or not) is captured at its first use and kept
-in a bounded cache on one memory pool.
+dtype, training or not) is captured at its first use, checked against the
+eager loop, and kept in a cache bounded in graphs and bytes (cuda_graphs.py).
+Buckets are few: rows and source positions go up to a power of two, and
+training under LayerDrop (a pattern of kept layers per block) runs eagerly.
 
 Decoding replays one captured step per token over a StaticMemory (a ring of
 fixed shape, masked by distance) per bucket of rows and capacity, kept from
@@ -15,10 +17,13 @@ one search to the next so that graphs are reused; beam search reorders it
 in place, and moves to a smaller bucket as sentences finish.
 
 What differs from the eager loop is only where shapes come from; the loop
-and its step are FeedbackDecoder's. Without capture (CPU tests) the same
-padding and bookkeeping run them eagerly.
+and its step are FeedbackDecoder's. Without capture (--cuda-graphs emulate,
+and the CPU tests) the same padding, bookkeeping and checks run them eagerly.
 """
 
+import atexit
+import logging
+import weakref
 from collections import OrderedDict
 from typing import List, Optional
 
@@ -26,59 +31,121 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..errors import FeedbackUsageError
+from ..errors import FeedbackUsageError, running_a_tool
 from ..modules.block_weight_gradients import weight_gradients_per_block
 from ..modules.cuda_graphs import GraphCache
 from ..modules.feedback_attention import MemoryView
 from ..modules.static_memory import StaticMemory
 
-# A cached graph holds its parameter gradients and outputs; at base sizes in
-# fp16, about 50 MB each. Decoding's static memories and encoder buffers are
-# kept for the last few buckets (a beam of 128 sentences: tens of MB each).
-CACHED_GRAPHS = 64
+logger = logging.getLogger(__name__)
+
+# Decoding's static memories and encoder buffers are kept for the last few
+# buckets (a beam of 128 sentences: tens of MB each).
 CACHED_DECODING_BUFFERS = 8
 NO_ENCODER = [None, None, None]  # a language model's "encoder buffers"
 
 
 def bucket(n: int) -> int:
-    """n rounded up to a multiple of 8, or from 128 on of a sixteenth of the
-    power of two below it: less than 8 or n/8 of padding, few buckets."""
+    """Time steps: n rounded up to a multiple of 8, or from 128 on of a
+    sixteenth of the power of two below it. The loop's cost grows with its
+    steps, so they are padded by little: less than 8 or n/8."""
     step = max(8, 2 ** (n.bit_length() - 4))
     return -(-n // step) * step
 
 
+def bucket_wide(n: int) -> int:
+    """Rows and source positions: the power of two at or above n (at least
+    8). A step costs about the same for more of them, and --max-tokens
+    batches pair many short rows with few long ones: one epoch of Debian
+    de-en's batches fits in 40 graphs this way, against 101 with bucket()."""
+    return max(8, 1 << (n - 1).bit_length())
+
+
+def _log_statistics_at_exit(loop: "weakref.ref[GraphedFeedbackLoop]") -> None:
+    if loop() is not None:
+        loop().log_statistics()
+
+
 class GraphedFeedbackLoop:
-    def __init__(self, capture: bool):
-        self.capture = capture
-        self.cache = GraphCache(CACHED_GRAPHS, capture, name="feedback loop")
+    """`mode`: "auto" captures on CUDA and leaves other devices to the eager
+    loop; "emulate" runs the same bookkeeping and checks without capture, on
+    any device."""
+
+    def __init__(self, mode: str = "auto"):
+        self.mode = mode
+        self.cache: Optional[GraphCache] = None  # made at the first call, on its device
         self.memories: "OrderedDict[tuple, StaticMemory]" = OrderedDict()  # decoding: by rows, capacity, dtype
         # decoding: the encoder's static keys/values and mask, and the search's tensor they were copied from
         self.encoders: "OrderedDict[tuple, List[Optional[Tensor]]]" = OrderedDict()
         self.searches = 0
         self.serving = (0, None)  # (search, key of its static memory): one search at a time
+        self.warned_layerdrop = False
 
     def __deepcopy__(self, memo):
-        return GraphedFeedbackLoop(self.capture)  # a copy of the model (e.g. --ema) captures its own
+        return GraphedFeedbackLoop(self.mode)  # a copy of the model (e.g. --ema) captures its own
 
-    def __call__(self, decoder, x: Tensor, initial: Tensor, span: int, layers: List, encoder_kv: Optional[Tensor],
-                 encoder_bias: Optional[Tensor]):
-        """FeedbackDecoder.feedback_loop over a memory started from `initial`
-        (its last memory vectors), on the block x [time, batch, embed]."""
+    def takes(self, decoder, x: Tensor, layers: List, incremental_state) -> bool:
+        """Whether this call of the decoder runs here; if not, eagerly. A
+        search under way stays where it started."""
+        if incremental_state is not None:
+            if torch.is_grad_enabled():
+                return False
+            if decoder.get_incremental_state(incremental_state, "static_memory") is not None:
+                return True
+        if self.mode == "auto" and not x.is_cuda:
+            return False
+        if self.cache is None:
+            self.cache = GraphCache(capture=self.mode == "auto", name="feedback loop")
+            if running_a_tool():  # the last validation's line, at the end of fairseq-train
+                atexit.register(_log_statistics_at_exit, weakref.ref(self))
+        if None in layers:  # LayerDrop's 2^layers patterns would each need a graph
+            if not self.warned_layerdrop:
+                self.warned_layerdrop = True
+                logger.warning("feedback loop: LayerDrop leaves out other layers at every block; "
+                               "training blocks run eagerly, without CUDA graphs")
+            return False
+        return self.cache.failed is None
+
+    def run(self, decoder, x, previous, span, layers, encoder_kv, encoder_bias, incremental_state):
+        """The top layer's outputs and the memory vectors (None when decoding)."""
+        if incremental_state is None:
+            return self.block(decoder, x, previous, span, layers, encoder_kv, encoder_bias)
+        hypotheses = decoder.hypotheses_per_sentence(incremental_state)
+        return self.decode(decoder, x, span, layers, encoder_kv, encoder_bias, incremental_state, hypotheses), None
+
+    def log_statistics(self) -> None:
+        if self.cache is not None and (self.cache.calls or self.cache.keys):
+            logger.info(self.cache.statistics())
+
+    def block(self, decoder, x: Tensor, previous: Tensor, span: int, layers: List, encoder_kv: Optional[Tensor],
+              encoder_bias: Optional[Tensor]):
+        """FeedbackDecoder.feedback_loop on the block x [time, batch, embed],
+        over a memory started from the last `span` of the memory vectors
+        `previous`."""
         steps, rows, _ = x.shape
-        padded_rows = bucket(rows)
+        padded_rows, padded_steps, padded_positions = self.block_shape(
+            rows, steps, None if encoder_kv is None else encoder_kv.size(4))
+        # Learned spans (the only spans below --memory-span) change as they
+        # train: the window is the bucket's size, the slots beyond a head's
+        # span weighted 0 by its mask, as eagerly.
+        span = min(bucket(span), decoder.span)
         inputs = [
-            F.pad(x, (0, 0, 0, padded_rows - rows, 0, bucket(steps) - steps)),
-            F.pad(initial, (0, 0, 0, padded_rows - rows)),
-            *self._pad_encoder(encoder_kv, encoder_bias, padded_rows),
+            F.pad(x, (0, 0, 0, padded_rows - rows, 0, padded_steps - steps)),
+            F.pad(previous[-span:], (0, 0, 0, padded_rows - rows)),
+            *self._pad_encoder(encoder_kv, encoder_bias, padded_rows, padded_positions),
         ]
         params = [*decoder.memory.parameters(), *decoder.layers.parameters()]
         if decoder.key_positions is not None:
             params.append(decoder.key_positions)
         kept = tuple(layer is not None for layer in layers)
-        key = (tuple(None if t is None else tuple(t.shape) for t in inputs), span, kept, x.dtype,
-               torch.is_grad_enabled(), decoder.training,
-               torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else None,
-               tuple(p.data_ptr() for p in params))  # parameters moved or converted: the graphs are stale
+        grad, training = torch.is_grad_enabled(), decoder.training
+        autocast = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else None
+        key = (tuple(None if t is None else tuple(t.shape) for t in inputs), span, kept, x.dtype, grad, training,
+               autocast, tuple(p.data_ptr() for p in params))  # parameters moved or converted: the graphs are stale
+        shape = (f"{padded_rows} rows x {padded_steps} steps"
+                 + ("" if encoder_kv is None else f" x {padded_positions} source positions")
+                 + f", span {span}, {x.dtype}{', autocast' if autocast else ''}"
+                 + (", training" if grad else ", evaluation"))
 
         def loop(x, initial, encoder_kv, encoder_bias):
             buffer, window = decoder.start_memory(initial, len(x), span)
@@ -89,18 +156,22 @@ class GraphedFeedbackLoop:
                 outputs, memories = decoder.feedback_loop(x, buffer, window, span, layers, encoder_kv, encoder_bias)
             return outputs, memories.detach()  # a stream carries its memory detached: no backward for it
 
-        outputs, memories = self.cache(key, loop, inputs, params)
+        outputs, memories = self.cache(key, loop, inputs, params, shape=shape)
         return outputs[:steps, :rows], memories[:steps, :rows]
 
     @staticmethod
-    def _pad_encoder(encoder_kv, encoder_bias, padded_rows: int):
+    def block_shape(rows: int, steps: int, source_positions: Optional[int]):
+        """The bucket a block of these sizes is padded to."""
+        return bucket_wide(rows), bucket(steps), None if source_positions is None else bucket_wide(source_positions)
+
+    @staticmethod
+    def _pad_encoder(encoder_kv, encoder_bias, padded_rows: int, padded_len: int):
         """Encoder keys/values [layers, 2, rows, heads, src_len, head_dim] and
         their mask, padded to bucketed rows and source positions; padded
         positions are masked, padded rows see zero keys and values."""
         if encoder_kv is None:
             return None, None
         rows, src_len = encoder_kv.size(2), encoder_kv.size(4)
-        padded_len = bucket(src_len)
         if encoder_bias is None:
             encoder_bias = encoder_kv.new_zeros(rows, 1, 1, src_len)
         encoder_bias = F.pad(encoder_bias, (0, padded_len - src_len), value=float("-inf"))
@@ -128,14 +199,18 @@ class GraphedFeedbackLoop:
                 memory.copy_to(bigger, torch.arange(rows, device=h.device), int(state["steps"]))
                 memory = bigger
             encoder = self._static_encoder(encoder_kv, encoder_bias, memory.rows // hypotheses)
-            key = ("decode", id(memory), id(encoder), span, tuple(layer is not None for layer in layers),
-                   torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else None, parameters)
+            autocast = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else None
+            key = ("decode", id(memory), id(encoder), span, tuple(layer is not None for layer in layers), autocast,
+                   parameters)
+            shape = (f"decoding {memory.rows} rows, {memory.capacity} memory slots"
+                     + ("" if encoder[0] is None else f", {encoder[0].size(4)} source positions")
+                     + f", span {span}, {h.dtype}{', autocast' if autocast else ''}")
 
             def step(x, memory=memory, encoder=encoder):
                 return (self._step(decoder, memory, x, span, layers, encoder[0], encoder[1]),)
 
             (out,) = self.cache(key, step, [F.pad(h, (0, 0, 0, memory.rows - rows))],
-                                state=[memory.slots, memory.slot_steps, memory.step])
+                                state=[memory.slots, memory.slot_steps, memory.step], shape=shape)
             outputs.append(out[:rows])
             state["steps"] += 1
         return torch.stack(outputs)
@@ -171,7 +246,7 @@ class GraphedFeedbackLoop:
         steps, rows, _ = x.shape
         state = {"search": torch.tensor(self.searches), "rows": torch.tensor(rows), "steps": torch.tensor(0)}
         capacity = min(max(16, 2 ** steps.bit_length()), span + 1)
-        memory = self._take(state, bucket(rows // hypotheses) * hypotheses, capacity, decoder, x.dtype)
+        memory = self._take(state, bucket_wide(rows // hypotheses) * hypotheses, capacity, decoder, x.dtype)
         memory.start(decoder.memory.project(x.new_zeros(1, memory.rows, decoder.embed_dim)))
         return state
 
@@ -188,7 +263,7 @@ class GraphedFeedbackLoop:
         if search != int(state["search"]):
             raise FeedbackUsageError(
                 "two searches interleaved on one model decoding with CUDA graphs; finish one before starting "
-                "the next, or decode eagerly: --model-overrides \"{'no_cuda_graphs': True}\"")
+                "the next, or decode eagerly: --model-overrides \"{'cuda_graphs': 'off'}\"")
         return self.memories[key]
 
     def reorder(self, incremental_state, decoder, new_order: Tensor, hypotheses: int) -> None:
@@ -198,7 +273,7 @@ class GraphedFeedbackLoop:
         if state is None:
             return
         memory = self._memory(state)
-        rows = bucket(len(new_order) // hypotheses) * hypotheses
+        rows = bucket_wide(len(new_order) // hypotheses) * hypotheses
         target = memory if rows == memory.rows else self._take(state, rows, memory.capacity, decoder,
                                                                memory.slots.dtype)
         memory.copy_to(target, new_order, int(state["steps"]))
@@ -211,7 +286,7 @@ class GraphedFeedbackLoop:
         if encoder_kv is None:
             return NO_ENCODER
         layers, _, real, heads, src_len, head_dim = encoder_kv.shape
-        padded_len = bucket(src_len)
+        padded_len = bucket_wide(src_len)
         static = self._kept(self.encoders, (sentences, padded_len, encoder_kv.dtype), lambda: [
             encoder_kv.new_zeros(layers, 2, sentences, heads, padded_len, head_dim),
             encoder_kv.new_zeros(sentences, 1, 1, padded_len), None])

@@ -12,6 +12,10 @@ holds; a step reads every slot and masks those outside its span:
 position. Step s is kept in slot (s + 1) mod capacity; a ring of span + 1
 slots is the most ever needed: step t then overwrites m_{t - span}, which
 no later step reads.
+
+A masked slot gets weight 0, but 0 times a non-finite value is NaN: every
+slot and row that a search does not own is kept at zero, so that nothing an
+earlier search left (an fp16 overflow, say) reaches this one.
 """
 
 from typing import Tuple
@@ -39,6 +43,7 @@ class StaticMemory:
 
     def start(self, initial_kv: Tensor) -> None:
         """A fresh memory holding m_{-1}'s keys and values (in every row)."""
+        self.slots.zero_()
         self.slot_steps.fill_(NEVER)
         self.step.zero_()
         self.slots[0] = initial_kv[0]
@@ -59,9 +64,12 @@ class StaticMemory:
 
     def copy_to(self, other: "StaticMemory", order: Tensor, steps: int) -> None:
         """Into `other` (as large, or larger before the ring wraps), the rows
-        `order` selects (beam search), of the slots filled after `steps` steps."""
+        `order` selects (beam search), of the slots filled after `steps`
+        steps; the rest of `other` is cleared."""
         filled = min(steps + 1, self.capacity)
-        other.slots[:filled, :, : len(order)] = self.slots[:filled].index_select(2, order)
+        selected = self.slots[:filled].index_select(2, order)  # before clearing: `other` may be this memory
+        other.slots.zero_()
+        other.slots[:filled, :, : len(order)] = selected
         other.slot_steps[:filled] = self.slot_steps[:filled]
         other.slot_steps[filled:] = NEVER
         other.step.copy_(self.step)
