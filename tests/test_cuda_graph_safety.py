@@ -125,7 +125,7 @@ def test_a_search_reads_nothing_an_earlier_search_left_in_the_static_memory(span
     eager = search(model, d, args, sample)
     model.decoder.use_cuda_graphs("emulate")
     search(model, d, args, sample)
-    for memory in model.decoder.graphed.memories.values():
+    for memory in model.decoder.graphed.decoding.memories.values():
         memory.slots.fill_(float("nan"))
     assert_same_hypotheses(search(model, d, args, sample), eager)
 

@@ -17,7 +17,7 @@ from fairseq.sequence_generator import SequenceGenerator
 from test_feedback_decoder import DEPTHS, batch
 
 from fairseq_feedback.errors import FeedbackUsageError
-from fairseq_feedback.models.graphed_loop import bucket
+from fairseq_feedback.modules.cuda_graphs import bucket
 
 OPTIONS = {
     "shared kv": [],
@@ -194,7 +194,7 @@ def test_beam_search_over_the_static_memory_equals_the_eager_search(flags, span,
     model.decoder.use_cuda_graphs("emulate")
     graphed = search(model, d, args, sample)
     assert_same_hypotheses(graphed, eager)
-    memories = model.decoder.graphed.memories
+    memories = model.decoder.graphed.decoding.memories
     assert {capacity for _, capacity, _ in memories} == ({16, 32} if span > 16 else {span + 1})
     assert {rows for rows, _, _ in memories} == {80, 40}, "the rows never moved to a smaller bucket"
     # a second search reuses the static memories (and so, on a GPU, the graphs)

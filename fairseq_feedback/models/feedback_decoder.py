@@ -21,8 +21,8 @@ from typing import Dict, List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from ..modules.feedback_attention import MemoryView
-from ..modules.feedback_decoder_layer import FeedbackDecoderLayer
+from ..modules.memory_view import MemoryView, SlotDistances, with_positions
+from ..modules.memory_decoder_layer import MemoryDecoderLayer
 from ..modules.feedback_memory import FeedbackMemory
 from ..modules.key_value_buffer import KeyValueBuffer
 from .graphed_loop import GraphedFeedbackLoop
@@ -92,29 +92,34 @@ class FeedbackDecoder(MemoryDecoder):
         return buffer, buffer.append(kv, span)
 
     def feedback_loop(self, x: Tensor, buffer: KeyValueBuffer, window: Tuple[Tensor, ...], span: int,
-                      layers: List[Optional[FeedbackDecoderLayer]], encoder_kv: Optional[Tensor],
+                      layers: List[Optional[MemoryDecoderLayer]], encoder_kv: Optional[Tensor],
                       encoder_bias: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
         """Section 3.3, one step at a time. `window`: the memory's keys and
         values that step 0 reads; each step appends the keys and values of its
         memory vector to `buffer`. Returns the top layer's outputs and the
         memory vectors m_t, both [time, batch, embed]."""
-        weights = self.memory.mixing_weights()  # everything that does not depend on the step: once
+        # everything that does not depend on the step, once: a full window
+        # holds m_{t-span} .. m_{t-1}, all visible; shorter ones its last slots
+        weights = self.memory.mixing_weights()
+        full_window = SlotDistances(torch.arange(span, 0, -1, device=x.device)[None], 1, span, self.span)
         span_masks = [None if layer is None else layer.self_attn.span_mask for layer in layers]
-        span_biases = [None if mask is None else mask.bias(span) for mask in span_masks]
+        span_biases = [None if mask is None else full_window.span_bias(mask) for mask in span_masks]
+        positions = None if self.key_positions is None else full_window.positions(self.key_positions)[0]
         persistent = [None if layer is None else layer.self_attn.persistent() for layer in layers]
         encoder_kv = self.per_layer(encoder_kv, len(layers))
         outputs, memories = [], []
         for h in x.unbind(0):  # not x[t]: each index's backward fills a gradient of all of x
             views = [MemoryView(keys, values, None if bias is None else bias[..., -keys.size(2):], vectors)
                      for (keys, values), bias, vectors in zip(
-                         self.memory.layer_keys_values(window, self.keys_with_positions), span_biases, persistent)]
+                         self.memory.layer_keys_values(window, lambda k: with_positions(k, positions)),
+                         span_biases, persistent)]
             h, m = self.feedback_step(h, views, layers, encoder_kv, encoder_bias, weights)
             window = buffer.append(self.memory.project(m.unsqueeze(0)), span)
             outputs.append(h)
             memories.append(m)
         return torch.stack(outputs), torch.stack(memories)
 
-    def feedback_step(self, h: Tensor, views: List[MemoryView], layers: List[Optional[FeedbackDecoderLayer]],
+    def feedback_step(self, h: Tensor, views: List[MemoryView], layers: List[Optional[MemoryDecoderLayer]],
                       encoder_kv: List[Optional[Tensor]], encoder_bias: Optional[Tensor], weights: Tensor):
         """One step t through every layer, each reading its view of the
         memory: x_t^{l+1} = Layer_l(x_t^l, memory). Returns the top layer's

@@ -2,7 +2,7 @@
 
 Both are fairseq's TransformerDecoderBase (embeddings, positions, LayerDrop
 list, final norm, output projection or adaptive softmax) with layers that
-attend to a memory of past states (FeedbackDecoderLayer) instead of
+attend to a memory of past states (MemoryDecoderLayer) instead of
 self-attention over the sequence. This class embeds the new tokens, projects
 the encoder output once per sentence, and hands the layers to the subclass's
 `decode`, which is called three ways:
@@ -21,7 +21,7 @@ import torch
 from fairseq.models.transformer import TransformerDecoderBase
 from torch import Tensor, nn
 
-from ..modules.feedback_decoder_layer import FeedbackDecoderLayer
+from ..modules.memory_decoder_layer import MemoryDecoderLayer
 
 IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
 
@@ -34,17 +34,16 @@ class MemoryDecoder(TransformerDecoderBase):
         self.span = cfg.memory_span
         head_dim = cfg.head_dim or self.embed_dim // cfg.decoder.attention_heads
         self.span_loss_coefficient = cfg.adaptive_span_loss if cfg.adaptive_span else 0.0
-        # row span - 1 embeds the nearest key (distance 1 for the feedback
-        # memory, 0 for the baseline, which attends to itself): a window's
-        # last rows line up with the table's
+        # key-side relative positions, shared by all layers and heads: row
+        # span - 1 embeds the nearest slot (modules/memory_view.py)
         self.key_positions = (
             nn.Parameter(torch.randn(self.span, head_dim) * head_dim**-0.5) if cfg.relative_positions else None
         )
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
-        return FeedbackDecoderLayer(cfg, no_encoder_attn)
+        return MemoryDecoderLayer(cfg, no_encoder_attn)
 
-    def decode(self, x: Tensor, layers: List[Optional[FeedbackDecoderLayer]], encoder_kv: Optional[Tensor],
+    def decode(self, x: Tensor, layers: List[Optional[MemoryDecoderLayer]], encoder_kv: Optional[Tensor],
                encoder_bias: Optional[Tensor], incremental_state: Optional[IncrementalState] = None,
                stream_state: Optional[Dict[str, Tensor]] = None) -> Tensor:
         """The layers on the embedded new tokens x ([time, batch, embed]);
@@ -114,7 +113,7 @@ class MemoryDecoder(TransformerDecoderBase):
             x = self.project_out_dim(x)
         return x, {"attn": [None], "inner_states": [x]}
 
-    def _sampled_layers(self) -> List[Optional[FeedbackDecoderLayer]]:
+    def _sampled_layers(self) -> List[Optional[MemoryDecoderLayer]]:
         """Every layer, None where LayerDrop leaves it out of this pass: a
         left-out layer passes its input on."""
         kept = {id(layer) for layer in self.layers}  # in training, LayerDrop's list samples as it iterates
@@ -141,17 +140,6 @@ class MemoryDecoder(TransformerDecoderBase):
     def clamp_spans(self):
         for mask in self._span_masks():
             mask.clamp_()
-
-    def keys_with_positions(self, keys: Tensor) -> Tensor:
-        """k_j + p_{t-j} for one step's window of keys [batch, heads, slots,
-        head_dim], its last slot the nearest: relative positions are key-side
-        embeddings shared by all layers and heads, so q.(k + p) = q.k + q.p adds
-        them to the keys. The table is sliced only while the window is shorter
-        than the span (each slice costs a gradient of the whole table)."""
-        table = self.key_positions
-        if table is None:
-            return keys
-        return keys + (table if keys.size(2) == self.span else table[-keys.size(2):])
 
     def max_positions(self):
         """Relative positions set no limit on the length; absolute ones do."""

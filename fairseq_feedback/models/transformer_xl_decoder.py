@@ -14,8 +14,8 @@ from typing import Dict, Optional
 import torch
 from torch import Tensor
 
-from ..modules.feedback_attention import MemoryView
-from ..modules.feedback_decoder_layer import FeedbackDecoderLayer
+from ..modules.memory_view import MemoryView, SlotDistances
+from ..modules.memory_decoder_layer import MemoryDecoderLayer
 from ..modules.key_value_buffer import KeyValueBuffer
 from .memory_decoder import IncrementalState, MemoryDecoder
 
@@ -40,7 +40,7 @@ class TransformerXLDecoder(MemoryDecoder):
         return x
 
     @staticmethod
-    def _keys_values(layer: FeedbackDecoderLayer, x: Tensor, carried: Optional[Tensor], span: int,
+    def _keys_values(layer: MemoryDecoderLayer, x: Tensor, carried: Optional[Tensor], span: int,
                      incremental_state: Optional[IncrementalState]):
         """Keys and values of the layer's inputs: the block's, after those of up
         to span - 1 earlier inputs (cached in decoding, carried in a stream)."""
@@ -56,17 +56,14 @@ class TransformerXLDecoder(MemoryDecoder):
         attn.cache_keys_values(incremental_state, buffer)
         return keys, values
 
-    def _memory_view(self, layer: FeedbackDecoderLayer, keys: Tensor, values: Tensor, queries: int, span: int):
+    def _memory_view(self, layer: MemoryDecoderLayer, keys: Tensor, values: Tensor, queries: int, span: int):
         """What a block of queries reads: query t (of the block's last
         `queries` slots) sees the slots at distances 0 .. span - 1 before it,
         with the relative position of each distance."""
         slots = keys.size(2)
         distance = (torch.arange(queries, device=keys.device)[:, None] + (slots - queries)
                     - torch.arange(slots, device=keys.device)[None, :])
-        bias = keys.new_zeros(distance.shape).masked_fill((distance < 0) | (distance >= span), float("-inf"))
-        row = (self.span - 1 - distance).clamp(0, self.span - 1)  # the table row of each distance
+        view = SlotDistances(distance, 0, span, self.span)
         attn = layer.self_attn
-        if attn.span_mask is not None:
-            bias = bias + attn.span_mask.bias(self.span)[:, 0][:, row]
-        positions = None if self.key_positions is None else (self.key_positions, row)
-        return MemoryView(keys, values, bias, attn.persistent(), positions)
+        positions = None if self.key_positions is None else (self.key_positions, view.rows)
+        return MemoryView(keys, values, view.bias(attn.span_mask, keys), attn.persistent(), positions)

@@ -7,7 +7,7 @@ is a query projection, one fused attention call and an output projection.
 """
 
 import math
-from typing import NamedTuple, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -15,20 +15,7 @@ from fairseq.modules.quant_noise import quant_noise
 from torch import Tensor, nn
 
 from .adaptive_span import AdaptiveSpanMask
-
-
-class MemoryView(NamedTuple):
-    """What one layer reads: keys and values [batch, heads, slots, head_dim],
-    a bias on their scores ([..., queries, slots]: masks, adaptive span), the
-    layer's persistent key/value vectors [heads, n, head_dim], and, for a block
-    of queries, relative positions as (table [span, head_dim], the table row of
-    each query-slot pair [queries, slots])."""
-
-    keys: Tensor
-    values: Tensor
-    bias: Optional[Tensor] = None
-    persistent: Optional[Tuple[Tensor, Tensor]] = None
-    positions: Optional[Tuple[Tensor, Tensor]] = None
+from .memory_view import MemoryView
 
 
 def attend(

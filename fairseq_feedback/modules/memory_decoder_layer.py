@@ -1,24 +1,27 @@
-"""One decoder layer of the Feedback Transformer, run one step at a time.
+"""A decoder layer whose self-attention reads a memory of past states.
+
+For the Feedback Transformer, one step at a time, over the shared memory:
 
     z_t^l = Attn(x_t^l, {m_{t-span}, ..., m_{t-1}})             (paper, 3.3)
 
-then encoder-decoder attention and the feed-forward block, exactly as in
-fairseq's TransformerDecoderLayer, whose norms, feed-forward, encoder
-attention and dropouts this layer inherits; only self-attention is replaced.
-With --no-feed-forward (and persistent vectors) it is an all-attention layer.
-The Transformer baseline (--no-feedback) uses the same layer with an attention
-over the layer's own past inputs (TransformerXLAttention), on a whole block.
+for its Transformer baseline (--no-feedback), a whole block at once, over the
+layer's own past inputs (TransformerXLAttention). Then encoder-decoder
+attention and the feed-forward block, exactly as in fairseq's
+TransformerDecoderLayer, whose norms, feed-forward, encoder attention and
+dropouts this layer inherits; only self-attention is replaced. With
+--no-feed-forward (and persistent vectors) it is an all-attention layer.
 """
 
 import torch
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
 from torch import Tensor
 
-from .feedback_attention import FeedbackAttention, MemoryView, attend
+from .feedback_attention import FeedbackAttention, attend
+from .memory_view import MemoryView
 from .transformer_xl_attention import TransformerXLAttention
 
 
-class FeedbackDecoderLayer(TransformerDecoderLayerBase):
+class MemoryDecoderLayer(TransformerDecoderLayerBase):
     def __init__(self, cfg, no_encoder_attn=False):
         super().__init__(cfg, no_encoder_attn)
         if cfg.no_feed_forward:
