@@ -6,7 +6,7 @@ VENV ?= .venv
 TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: setup test demo bench clean
+.PHONY: setup test demo bench cpu-tier clean
 
 setup: $(VENV)/.installed
 
@@ -25,6 +25,11 @@ demo: setup
 
 bench: setup
 	$(BIN)/feedback-benchmark
+
+# The CPU tier of examples/results/README.md, from data-bin/debian_de_en and
+# data-bin/debian_docs (data_prep); resumes where it stopped.
+cpu-tier: setup
+	PATH="$(abspath $(BIN)):$$PATH" bash examples/results/cpu_tier.sh
 
 clean:
 	rm -rf $(VENV) demo

@@ -15,6 +15,8 @@ setup(
         'fairseq==0.12.2; python_version < "3.11"',
         # torch.amp.custom_fwd(device_type=...), torch.get_autocast_dtype: torch 2.4
         "torch>=2.4",
+        # fairseq still calls np.compat.long, removed in numpy 2 (checked with numpy 2.4:
+        # fairseq-interactive on a language model fails in TokenBlockDataset)
         "numpy<2",
         "sacrebleu>=2.0",
         "sacremoses",

@@ -1,0 +1,233 @@
+#!/usr/bin/env bash
+# The CPU tier of examples/results/README.md: the paper's three comparisons at
+# the scale of one 2-core machine, every model on one thread, two at a time.
+#
+#     bash examples/results/cpu_tier.sh          # from the repository's root
+#
+# Reads data-bin/debian_de_en and data-bin/debian_docs (made by
+# data_prep.prepare_debian_de_en / prepare_debian_docs), generates the
+# algorithmic task, trains, evaluates, and writes into $OUT (default
+# runs/cpu_tier): one folder per model (train.log, checkpoints, test output),
+# the learning curves (plots/*.png) and summary.md (the rows of the page).
+# Run it again after an interruption: a model whose training finished is not
+# trained again, one cut short continues from its last checkpoint (saved every
+# $SAVE_EVERY updates), an evaluation that finished is not redone.
+#
+# Every size and count below can be set from the environment (the tests run
+# this script at tiny sizes on tiny data).
+set -euo pipefail
+
+OUT=${OUT:-runs/cpu_tier}
+DE_EN=${DE_EN:-data-bin/debian_de_en}
+DOCS=${DOCS:-data-bin/debian_docs}
+JOBS=${JOBS:-2}                  # models trained at once, one thread each
+PLUGIN=${PLUGIN:-fairseq_feedback}
+SAVE_EVERY=${SAVE_EVERY:-100}
+export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
+
+# Translation: both models get this encoder and width; only the decoder differs.
+MT_UPDATES=${MT_UPDATES:-1400}
+MT_VALID_EVERY=${MT_VALID_EVERY:-200}
+MT_SIZES=${MT_SIZES:-"--encoder-layers 3 --encoder-embed-dim 256 --encoder-ffn-embed-dim 1024 --encoder-attention-heads 4
+    --decoder-embed-dim 256 --decoder-ffn-embed-dim 1024 --decoder-attention-heads 4"}
+MT_TRAIN=${MT_TRAIN:-"--share-decoder-input-output-embed --dropout 0.1 --max-tokens 2048
+    --optimizer adam --adam-betas (0.9,0.98) --clip-norm 0.0 --lr 0.001 --lr-scheduler inverse_sqrt
+    --warmup-updates 300 --warmup-init-lr 1e-07 --weight-decay 0.0001
+    --criterion label_smoothed_cross_entropy --label-smoothing 0.1 --update-epoch-batch-itr True"}
+MT_BEAM_BATCH=${MT_BEAM_BATCH:-64}
+
+# Language models: the same sizes and tokens per update for all three.
+LM_UPDATES=${LM_UPDATES:-800}
+LM_VALID_EVERY=${LM_VALID_EVERY:-200}
+LM_WIDTH=${LM_WIDTH:-256}
+LM_SIZES=${LM_SIZES:-"--decoder-layers 4 --decoder-embed-dim $LM_WIDTH --decoder-ffn-embed-dim 1024 --decoder-attention-heads 4"}
+LM_TRAIN=${LM_TRAIN:-"--dropout 0.1 --optimizer adam --adam-betas (0.9,0.98) --weight-decay 0.01 --clip-norm 0.1
+    --lr 0.001 --lr-scheduler inverse_sqrt --warmup-updates 200 --warmup-init-lr 1e-07"}
+LM_STREAMS=${LM_STREAMS:-32}     # feedback models: streams x blocks of 64 tokens
+LM_BLOCKS=${LM_BLOCKS:-8}        # transformer_lm: blocks of 256 tokens (the same 2,048 tokens per update)
+
+# Table 1: the algorithmic task with 3 variables.
+TOY_UPDATES=${TOY_UPDATES:-2000}
+TOY_EVAL_EVERY=${TOY_EVAL_EVERY:-500}
+TOY_EPISODES=${TOY_EPISODES:-"--train 10000 --valid 1000 --test 1000"}
+TOY_SIZES=${TOY_SIZES:-"--decoder-layers 4 --decoder-embed-dim 128 --decoder-ffn-embed-dim 512
+    --decoder-attention-heads 4 --memory-span 100"}
+TOY_TRAIN=${TOY_TRAIN:-"--dropout 0.0 --tokens-per-sample 64 --batch-size 32 --optimizer adam --lr 0.001
+    --lr-scheduler fixed --warmup-updates 100 --clip-norm 0.1"}
+
+COMMON=(--user-dir "$PLUGIN" --cpu --num-workers 0 --log-format json --log-interval 25)
+
+log() { echo "[cpu_tier $(date +%H:%M:%S)] $*"; }
+
+# train NAME DATA UPDATES ARGS...: fairseq-train into $OUT/NAME; continues from
+# its last checkpoint; a finished run (the marker `trained`) is left alone,
+# since fairseq would train one update more.
+train() {
+    local name=$1 data=$2 updates=$3 save=$OUT/$1
+    [ -f "$save/trained" ] && return 0
+    mkdir -p "$save"
+    log "training $name ($updates updates)"
+    # shellcheck disable=SC2068  # the size and option strings split into words on purpose
+    fairseq-train "$data" "${COMMON[@]}" ${@:4} --max-update "$updates" --save-dir "$save" \
+        --log-file "$save/train.log" > "$save/train.out" 2>&1
+    date -u +%FT%TZ > "$save/trained"
+}
+
+# --- translation -------------------------------------------------------------------------------
+
+translation() {  # translation NAME ARCH DECODER_LAYERS SEED
+    local name=$1 save=$OUT/$1
+    train "$name" "$DE_EN" "$MT_UPDATES" --arch "$2" --decoder-layers "$3" --seed "$4" $MT_SIZES $MT_TRAIN \
+        --validate-interval-updates "$MT_VALID_EVERY" --save-interval-updates "$SAVE_EVERY" \
+        --keep-interval-updates 1 --no-epoch-checkpoints
+    if [ ! -f "$save/test.bleu" ]; then
+        log "translating the test set with $name"
+        fairseq-generate "$DE_EN" --user-dir "$PLUGIN" --cpu --path "$save/checkpoint_best.pt" --gen-subset test \
+            --beam 5 --batch-size "$MT_BEAM_BATCH" --remove-bpe --required-batch-size-multiple 1 > "$save/test.out" 2>&1
+        feedback-score --metric sacrebleu --gen "$save/test.out" --detokenize en --ref "$DE_EN/test.raw.en" \
+            > "$save/test.bleu.tmp"
+        mv "$save/test.bleu.tmp" "$save/test.bleu"
+    fi
+}
+
+# --- language models ---------------------------------------------------------------------------
+
+language_model() {  # language_model NAME OPTIONS...: a feedback_lm, or with --no-feedback its Transformer
+    local name=$1 save=$OUT/$1
+    train "$name" "$DOCS" "$LM_UPDATES" --task feedback_language_modeling --arch feedback_lm $LM_SIZES $LM_TRAIN \
+        --batch-size "$LM_STREAMS" --tokens-per-sample 64 --validate-interval-updates "$LM_VALID_EVERY" \
+        --save-interval-updates "$SAVE_EVERY" --keep-interval-updates 1 --no-epoch-checkpoints "${@:2}"
+    if [ ! -f "$save/test.ppl" ]; then
+        log "test perplexity of $name"
+        # one stream: every test token scored once, with up to a span of carried memory
+        fairseq-eval-lm "$DOCS" --user-dir "$PLUGIN" --cpu --task feedback_language_modeling \
+            --path "$save/checkpoint_best.pt" --gen-subset test --tokens-per-sample 64 --batch-size 1 \
+            > "$save/test.out" 2>&1
+        grep -h "Perplexity" "$save/test.out" | tail -n 1 > "$save/test.ppl.tmp"
+        mv "$save/test.ppl.tmp" "$save/test.ppl"
+    fi
+}
+
+transformer_lm() {
+    local name=transformer_lm save=$OUT/transformer_lm
+    # its input and output dims default to 512 whatever the width: set to the width
+    train "$name" "$DOCS" "$LM_UPDATES" --task language_modeling --arch transformer_lm $LM_SIZES $LM_TRAIN \
+        --decoder-input-dim "$LM_WIDTH" --decoder-output-dim "$LM_WIDTH" --batch-size "$LM_BLOCKS" --tokens-per-sample 256 \
+        --sample-break-mode none --validate-interval-updates "$LM_VALID_EVERY" \
+        --save-interval-updates "$SAVE_EVERY" --keep-interval-updates 1 --no-epoch-checkpoints --seed 1
+    if [ ! -f "$save/test.ppl" ]; then
+        log "test perplexity of $name"
+        # every test token scored once, with at least 192 tokens of context
+        fairseq-eval-lm "$DOCS" --user-dir "$PLUGIN" --cpu --path "$save/checkpoint_best.pt" --gen-subset test --tokens-per-sample 256 \
+            --context-window 192 --max-tokens 4096 --sample-break-mode none > "$save/test.out" 2>&1
+        grep -h "Perplexity" "$save/test.out" | tail -n 1 > "$save/test.ppl.tmp"
+        mv "$save/test.ppl.tmp" "$save/test.ppl"
+    fi
+}
+
+# --- Table 1: the algorithmic task ---------------------------------------------------------------
+
+toy_data() {  # the episodes and their binarized inputs and labels, built aside then moved in place
+    local raw=$OUT/data/algorithmic3 bin=$OUT/data/algorithmic3-bin
+    if [ ! -d "$raw" ]; then
+        python -m data_prep.toy_tasks algorithmic --variables 3 --seed 1 $TOY_EPISODES --out "$raw"
+    fi
+    if [ ! -d "$bin" ]; then
+        rm -rf "$bin.tmp"
+        local kind
+        for kind in input labels; do
+            fairseq-preprocess --only-source --trainpref "$raw/algorithmic/train.$kind" \
+                --validpref "$raw/algorithmic/valid.$kind" --testpref "$raw/algorithmic/test.$kind" \
+                --destdir "$bin.tmp/${kind/input/.}" > "$OUT/logs/preprocess.$kind.log" 2>&1
+        done
+        mv "$bin.tmp" "$bin"
+    fi
+}
+
+toy() {  # toy NAME OPTIONS...: TOY_EVAL_EVERY updates at a time, each checkpoint tested
+    local name=$1 save=$OUT/toy/algorithmic3/$1 data=$OUT/data/algorithmic3-bin
+    local u
+    for ((u = TOY_EVAL_EVERY; u <= TOY_UPDATES; u += TOY_EVAL_EVERY)); do
+        [ -f "$save/test.$u.json" ] && continue
+        rm -f "$save/trained"  # the next stretch of the same run
+        train "toy/algorithmic3/$name" "$data" "$u" --task feedback_language_modeling --labels labels \
+            --arch feedback_lm_toy $TOY_SIZES $TOY_TRAIN --disable-validation --save-interval 1000000 --seed 1 \
+            "${@:2}"
+        log "testing $name at $u updates"
+        feedback-evaluate-toy --task algorithmic --data "$data" --path "$save/checkpoint_last.pt" \
+            --raw "$OUT/data/algorithmic3/algorithmic/test.labels" --output "$save/test.$u.predictions" \
+            --batch-size 128 --json > "$save/test.$u.json.tmp"
+        mv "$save/test.$u.json.tmp" "$save/test.$u.json"
+    done
+}
+
+# --- the runs, two at a time, most needed first -------------------------------------------------
+
+RUNS=(
+    "translation feedback_dec1 feedback_transformer 1 1"
+    "translation transformer_dec1 transformer 1 1"
+    "language_model feedback_lm --seed 1"
+    "language_model feedback_lm_no_feedback --no-feedback --seed 1"
+    "transformer_lm"
+    "toy feedback"
+    "toy transformer --no-feedback"
+    "translation feedback_dec2 feedback_transformer 2 1"
+    "translation transformer_dec2 transformer 2 1"
+    "translation feedback_dec1_seed2 feedback_transformer 1 2"
+    "translation transformer_dec1_seed2 transformer 1 2"
+)
+
+# RUNS_ONLY: some of these runs, one per line (the summary then reports those)
+[ -z "${RUNS_ONLY:-}" ] || mapfile -t RUNS <<< "$RUNS_ONLY"
+
+mkdir -p "$OUT/logs"
+toy_data
+declare -A running=()
+failed=0
+wait_one() {
+    local pid
+    wait -n -p pid || true
+    wait "$pid" || { log "FAILED: ${running[$pid]} (its log: $OUT/logs/)"; failed=1; }
+    unset "running[$pid]"
+}
+for run in "${RUNS[@]}"; do
+    while [ "${#running[@]}" -ge "$JOBS" ]; do wait_one; done
+    # shellcheck disable=SC2086  # a run is a function and its arguments
+    ( $run ) > "$OUT/logs/${run// /_}.log" 2>&1 &
+    running[$!]=$run
+done
+while [ "${#running[@]}" -gt 0 ]; do wait_one; done
+[ "$failed" = 0 ] || { log "some runs failed: nothing summarised"; exit 1; }
+
+# --- curves and rows ---------------------------------------------------------------------------
+
+mkdir -p "$OUT/plots"
+runs_of() { compgen -G "$OUT/$1" || true; }  # the folders of the runs made (RUNS_ONLY may leave some out)
+logs_of() { local run; for run in "$@"; do echo "$run/train.log"; done; }
+# shellcheck disable=SC2046,SC2086  # the lists split into folders on purpose
+{
+    mt=$(runs_of "*_dec*")
+    if [ -n "$mt" ]; then
+        echo "## translation (test sacreBLEU; decoding speed from fairseq-generate)"
+        for run in $mt; do
+            echo "$(basename "$run"): $(head -n 1 "$run/test.bleu") |" \
+                "$(grep -ho 'in [0-9.]*s ([0-9.]* sentences/s, [0-9.]* tokens/s)' "$run/test.out")"
+        done
+        python -m fairseq_feedback.curves log --out "$OUT/plots/debian_de_en.png" --metric valid_ppl \
+            --title "Debian de-en: validation perplexity" $(logs_of $mt)
+    fi
+    lm=$(runs_of "*lm*")
+    if [ -n "$lm" ]; then
+        echo "## language models (test perplexity, fairseq-eval-lm)"
+        for run in $lm; do echo "$(basename "$run"): $(cat "$run/test.ppl")"; done
+        python -m fairseq_feedback.curves log --out "$OUT/plots/debian_docs.png" --metric valid_ppl \
+            --title "Debian manuals: validation perplexity" $(logs_of $lm)
+    fi
+    toys=$(runs_of "toy/algorithmic3/*")
+    if [ -n "$toys" ]; then
+        echo "## Table 1, algorithmic task with 3 variables (test set)"
+        python -m fairseq_feedback.curves toy --out "$OUT/plots" $toys
+    fi
+} > "$OUT/summary.md.tmp"
+mv "$OUT/summary.md.tmp" "$OUT/summary.md"
+log "done: $OUT/summary.md, $OUT/plots/"
