@@ -4,7 +4,7 @@ Every script follows the same shape: find the raw files (download the official
 archives, or take them from --raw), run a few text-processing steps in a work
 dir, and binarize with fairseq-preprocess into the dest dir.  Each step builds
 into `<path>.tmp` and is renamed into place with a marker only when complete
-(data_prep.files), so an interrupted run never leaves anything that looks
+(fairseq_feedback_cli.outputs), so an interrupted run never leaves anything that looks
 finished and a rerun resumes at the first unfinished step.
 """
 
@@ -32,7 +32,8 @@ from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence
 
 from tqdm import tqdm
 
-from data_prep.files import atomic_folder, fail
+from fairseq_feedback_cli.command_line import fail
+from fairseq_feedback_cli.outputs import atomic_folder
 
 DONE = ".done"
 SETTINGS_FILE = "data_prep.json"

@@ -17,7 +17,8 @@ class FeedbackUsageError(ValueError):
     """Bad options or data: the message says what to change."""
 
 
-def _one_line(exc: BaseException):
+def one_line(exc: BaseException):
+    """The line naming the fix for a mistake a user can make, or None for any other exception."""
     if isinstance(exc, FeedbackUsageError):
         return str(exc)
     message = str(exc)
@@ -47,7 +48,7 @@ def _running_a_tool() -> bool:
     console script (fairseq-train, feedback-score)."""
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)
     if spec is not None:
-        return spec.name.startswith(("fairseq_cli.", "fairseq_feedback."))
+        return spec.name.startswith(("fairseq_cli.", "fairseq_feedback_cli."))
     script = os.path.basename(sys.argv[0]) if sys.argv else ""
     return script.startswith(("fairseq-", "feedback-"))
 
@@ -60,7 +61,7 @@ def install_excepthook() -> None:
     def hook(exc_type, exc, tb):
         # decided here, not at import: `python -m` imports a tool's package
         # before it makes the tool __main__
-        line = _one_line(exc) if _running_a_tool() else None
+        line = one_line(exc) if _running_a_tool() else None
         if line is None:
             previous(exc_type, exc, tb)
         else:

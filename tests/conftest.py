@@ -7,8 +7,9 @@ import torch
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from fairseq_feedback import builders  # noqa: E402  (also registers the models)
-from fairseq_feedback.builders import size_flags  # noqa: E402
+import fairseq_feedback  # noqa: E402,F401  (registers the models and tasks)
+from fairseq_feedback_cli import builders  # noqa: E402
+from fairseq_feedback_cli.builders import size_flags  # noqa: E402
 
 PLUGIN = os.path.join(REPO, "fairseq_feedback")
 TINY = dict(embed_dim=16, ffn_dim=32, heads=2)

@@ -209,27 +209,27 @@ CASES = {
                                      "{EMPTY_FILE} is truncated", stdin="s1 s2\n"),
     # this package's tools
     **{f"average-checkpoints {option} {value}": Case(
-        "fairseq_feedback.average_checkpoints", ["--inputs", "{LM}", "--num-epoch-checkpoints", "1", option,
+        "fairseq_feedback_cli.average_checkpoints", ["--inputs", "{LM}", "--num-epoch-checkpoints", "1", option,
                                                  str(value), "--output", "{OUT}"],
         f"{option} must be at least 1, got {value}")
        for option in ("--num-epoch-checkpoints", "--checkpoint-upper-bound") for value in (0, -1)},
     "average-checkpoints --num-update-checkpoints 0 (cold)": Case(
-        "fairseq_feedback.average_checkpoints", ["--inputs", "{LM}", "--num-update-checkpoints", "0", "--output",
+        "fairseq_feedback_cli.average_checkpoints", ["--inputs", "{LM}", "--num-update-checkpoints", "0", "--output",
                                                  "{OUT}"], "--num-update-checkpoints must be at least 1, got 0",
         cold=True),
     **{f"evaluate_toy {option} {value}": Case(
-        "fairseq_feedback.evaluate_toy", ["--task", "random_walk", "--data", "{LM}", "--path", "{LM_CKPT}", option,
+        "fairseq_feedback_cli.evaluate_toy", ["--task", "random_walk", "--data", "{LM}", "--path", "{LM_CKPT}", option,
                                           str(value), "--output", "{OUT}"], f"{option} must be at least 1, got {value}")
        for option in ("--batch-size", "--tokens-per-sample") for value in (0, -1)},
-    **{f"demo --{option} {value}": Case("fairseq_feedback.demo", ["--tiny", "--out", "{OUT}", f"--{option}",
-                                                                   str(value)],
+    **{f"demo --{option} {value}": Case("fairseq_feedback_cli.demo", ["--tiny", "--out", "{OUT}", f"--{option}",
+                                                                       str(value)],
                                         f"--{option} must be at least {low}, got {value}")
        for option, low, values in (("updates", 1, (0, -1)), ("eval-every", 1, (0, -1)), ("threads", 1, (0, -1)),
                                    ("seed", 0, (-1,))) for value in values},
-    **{f"feedback-benchmark --threads {value}": Case("fairseq_feedback.benchmark", ["--preset", "tiny", "--threads",
-                                                                                    str(value)],
+    **{f"feedback-benchmark --threads {value}": Case("fairseq_feedback_cli.benchmark",
+                                                     ["--preset", "tiny", "--threads", str(value)],
                                                      "--threads must be at least 1") for value in (0, -1)},
-    "feedback-benchmark --preset nope": Case("fairseq_feedback.benchmark", ["--preset", "nope"],
+    "feedback-benchmark --preset nope": Case("fairseq_feedback_cli.benchmark", ["--preset", "nope"],
                                              "invalid choice: 'nope'"),
 }
 
@@ -255,7 +255,7 @@ def server(tmp_path_factory):
 
 def forked(server, tool, argv, stdin=""):
     """The tool on argv in a process forked by the server: a CompletedProcess."""
-    if tool.startswith("fairseq_feedback."):
+    if tool.startswith("fairseq_feedback_cli."):
         name, target = tool, ("module", tool, "main")
     else:
         name, target = f"fairseq-{tool.replace('_', '-')}", ("fairseq", f"fairseq_cli.{tool}", "cli_main")
@@ -274,7 +274,7 @@ def forked(server, tool, argv, stdin=""):
 
 def cold(tool, argv, stdin=""):
     """The tool on argv as a user runs it: `python -m`, importing everything."""
-    if tool.startswith("fairseq_feedback."):
+    if tool.startswith("fairseq_feedback_cli."):
         cmd = [sys.executable, "-m", tool, *argv]
     else:
         cmd = [sys.executable, "-m", f"fairseq_cli.{tool}", *argv, "--user-dir", PLUGIN]

@@ -1,9 +1,9 @@
-"""fairseq_feedback.builders, as the tests' tiny models and feedback-benchmark use them."""
+"""fairseq_feedback_cli.builders, as the tests' tiny models and feedback-benchmark use them."""
 
 import torch
 
 from conftest import make_dictionary, tiny_lm, tiny_translation_model
-from fairseq_feedback import benchmark
+from fairseq_feedback_cli import benchmark
 from fairseq_feedback.models.feedback_lm import FeedbackLanguageModel
 from fairseq_feedback.models.feedback_transformer import FeedbackTransformerModel
 from fairseq_feedback.tasks import FeedbackLanguageModelingTask

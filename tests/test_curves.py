@@ -1,10 +1,10 @@
-"""fairseq_feedback.curves: learning curves and markdown rows from toy evaluations and fairseq json logs."""
+"""fairseq_feedback_cli.curves: learning curves and markdown rows from toy evaluations and fairseq json logs."""
 
 import json
 
 import pytest
 
-from fairseq_feedback import curves
+from fairseq_feedback_cli import curves
 
 
 def write_log(path, records):
@@ -19,7 +19,7 @@ def error_of(*argv):
     with pytest.raises(SystemExit) as e:
         curves.main([str(a) for a in argv])
     message = str(e.value)
-    assert message.startswith("curves: error: ") and "\n" not in message, message
+    assert message.startswith("error: ") and "\n" not in message, message
     return message
 
 

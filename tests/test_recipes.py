@@ -533,7 +533,7 @@ def _checkpoint(path: Path, seed: int, dtype=torch.float32, extra=None, **model)
 
 
 def average(*argv):
-    from fairseq_feedback import average_checkpoints
+    from fairseq_feedback_cli import average_checkpoints
 
     average_checkpoints.main([str(a) for a in argv])
 
@@ -634,7 +634,7 @@ def test_a_checkpoint_holding_code_is_refused_not_run(tmp_path, capfd):
 
 
 def test_a_failed_write_leaves_no_output(tmp_path, monkeypatch):
-    from fairseq_feedback import average_checkpoints
+    from fairseq_feedback_cli import average_checkpoints
 
     _checkpoint(tmp_path / "a.pt", seed=1)
     (tmp_path / "avg.pt").write_bytes(b"the previous average")
@@ -653,13 +653,13 @@ def test_a_failed_write_leaves_no_output(tmp_path, monkeypatch):
 
 
 def score(*argv):
-    from fairseq_feedback import score as score_module
+    from fairseq_feedback_cli import score as score_module
 
     score_module.main([str(a) for a in argv])
 
 
 def test_compound_splitting_matches_fairseqs_perl_one_liner():
-    from fairseq_feedback.score import compound_split
+    from fairseq_feedback_cli.score import compound_split
 
     # expected: perl -ple 's{(\S)-(\S)}{$1 ##AT##-##AT## $2}g', as scripts/compound_split_bleu.sh
     cases = {
@@ -827,8 +827,8 @@ def test_score_errors_are_one_line(tmp_path):
 
 
 @pytest.mark.parametrize("module,argv", [
-    ("fairseq_feedback.score", ["--metric", "bleu", "--gen", "missing.out"]),
-    ("fairseq_feedback.average_checkpoints", ["--inputs", ".", "--num-epoch-checkpoints", "3", "--output", "a.pt"]),
+    ("fairseq_feedback_cli.score", ["--metric", "bleu", "--gen", "missing.out"]),
+    ("fairseq_feedback_cli.average_checkpoints", ["--inputs", ".", "--num-epoch-checkpoints", "3", "--output", "a.pt"]),
 ])
 def test_command_line_errors_are_one_line_without_traceback(tmp_path, module, argv):
     proc = subprocess.run([sys.executable, "-m", module, *argv], cwd=tmp_path, capture_output=True, text=True,

@@ -1,4 +1,4 @@
-"""fairseq_feedback.evaluate_toy (Table 1's accuracy from a checkpoint) and the demo's pieces."""
+"""fairseq_feedback_cli.evaluate_toy (Table 1's accuracy from a checkpoint) and the demo's pieces."""
 
 import json
 import os
@@ -9,8 +9,9 @@ import torch
 
 from cli import run, run_module
 from data_prep import toy_tasks as tt
-from data_prep.files import atomic_folder
-from fairseq_feedback import demo, evaluate_toy
+from fairseq_feedback_cli.outputs import atomic_folder
+from fairseq_feedback_cli import demo, evaluate_toy
+from fairseq_feedback_cli.command_line import fail
 
 SIZES = {"train": 24, "valid": 4, "test": 7}
 MODEL = ["--arch", "feedback_lm_toy", "--decoder-layers", "2", "--decoder-embed-dim", "16",
@@ -31,7 +32,7 @@ def main_error(*argv):
     with pytest.raises(SystemExit) as e:
         evaluate_toy.main([str(a) for a in argv])
     message = str(e.value)
-    assert message.startswith("evaluate_toy: error: ") and "\n" not in message, message
+    assert message.startswith("error: ") and "\n" not in message, message
     return message
 
 
@@ -114,7 +115,7 @@ def trained(tmp_path_factory):
 def test_evaluating_a_checkpoint_writes_aligned_predictions_and_scores_them(trained, tmp_path):
     raw, data, ckpt = trained
     out = tmp_path / "pred.txt"
-    proc = run_module("fairseq_feedback.evaluate_toy", "--task", "random_walk", "--data", data, "--path", ckpt,
+    proc = run_module("fairseq_feedback_cli.evaluate_toy", "--task", "random_walk", "--data", data, "--path", ckpt,
                       "--raw", f"{raw}/test.labels", "--output", out, "--json")
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     labels, predicted = read(f"{raw}/test.labels"), read(out)
@@ -196,7 +197,7 @@ def test_demo_replaces_only_its_own_folder(tmp_path):
     other = tmp_path / "mine"
     other.mkdir()
     (other / "thesis.tex").write_text("")
-    with pytest.raises(demo.DemoError, match="not a folder this demo wrote"):
+    with pytest.raises(SystemExit, match="not a folder this demo wrote"):
         demo_folder(other, "new")
     assert (other / "thesis.tex").exists()
 
@@ -208,11 +209,11 @@ def test_demo_failure_leaves_the_previous_results(tmp_path, monkeypatch):
     (out / "results.md").write_text("old")
 
     def broken(*args, **kwargs):
-        raise demo.DemoError("training failed")
+        fail("training failed")
 
     monkeypatch.setattr(demo, "train_all", broken)
     monkeypatch.setattr(demo, "make_data", lambda folder, config, env: ("raw", "bin"))
-    with pytest.raises(demo.DemoError):
+    with pytest.raises(SystemExit, match="training failed"):
         demo.run(str(out), demo.TINY)
     assert sorted(os.listdir(tmp_path)) == ["demo"] and (out / "results.md").read_text() == "old"
 

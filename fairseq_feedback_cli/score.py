@@ -55,7 +55,7 @@ import sys
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
-from data_prep.files import fail
+from .command_line import ArgumentParser, fail
 
 METRICS = ("bleu", "bleu-compound-split", "sacrebleu", "rouge")
 _COMPOUND = re.compile(r"(\S)-(\S)")
@@ -218,8 +218,7 @@ def rouge(hyps: List[str], refs: List[str]) -> Dict[str, float]:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="feedback-score", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(prog="feedback-score", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--metric", required=True, choices=METRICS)
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--gen", metavar="FILE", nargs="+",
@@ -264,9 +263,7 @@ def evaluate(args, gen: Optional[str]):
 
 
 def main(argv: Optional[List[str]] = None) -> None:
-    p = parser()
-    p.error = lambda message: fail(f"{message} (see --help)")
-    args = p.parse_args(argv)
+    args = parser().parse_args(argv)
     try:
         if args.gen is not None and len(args.gen) > 1:
             if "-" in args.gen:
