@@ -15,9 +15,9 @@ with the model's parameters replaced by their mean: floating-point ones
 averaged in float64 and stored in their own type (float32 for float16 and
 bfloat16 ones, as fairseq does), integer ones floor-divided.
 
-Checkpoints are read with torch's default weights_only loading; importing
-fairseq_feedback allows exactly the classes fairseq stores, so a file holding
-anything else is refused rather than run. The output is written to
+Checkpoints are read with torch's default weights_only loading, with exactly
+the classes fairseq stores allowed (fairseq_feedback.safe_checkpoints), so a
+file holding anything else is refused rather than run. The output is written to
 OUTPUT.tmp and renamed into place, so it is never half written. Mistakes
 end with one line naming them, never a traceback.
 """
@@ -59,8 +59,9 @@ def last_checkpoints(folder: str, n: int, update_based: bool, upper_bound: Optio
 def load(path: str) -> dict:
     import torch
 
-    import fairseq_feedback  # noqa: F401  (allows the classes fairseq stores in checkpoints)
+    from fairseq_feedback.safe_checkpoints import allow_fairseq_checkpoints
 
+    allow_fairseq_checkpoints()  # the classes fairseq stores in checkpoints, and no other
     if not os.path.isfile(path):
         fail(f"checkpoint {path} not found")
     try:

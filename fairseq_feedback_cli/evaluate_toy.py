@@ -34,6 +34,7 @@ import torch
 
 from data_prep.toy_tasks import METRICS, NO_LOSS, score
 from fairseq_feedback.errors import one_line
+from fairseq_feedback.safe_checkpoints import allow_fairseq_checkpoints
 
 from .command_line import ArgumentParser, check_at_least, fail
 from .outputs import atomic_file
@@ -64,6 +65,7 @@ def load(path, data, tokens_per_sample=None):
     its dictionaries read from `data`; progress: its updates and training seconds."""
     from fairseq import checkpoint_utils
 
+    allow_fairseq_checkpoints()  # the classes fairseq stores in checkpoints, and no other
     if not os.path.isfile(path):
         fail(f"checkpoint {path} not found: pass the .pt file fairseq-train wrote")
     if not os.path.isdir(data):

@@ -7,11 +7,12 @@ import torch
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-import fairseq_feedback  # noqa: E402,F401  (registers the models and tasks)
+from fairseq_feedback import patches  # noqa: E402
 from fairseq_feedback_cli import builders  # noqa: E402
 from fairseq_feedback_cli.builders import size_flags  # noqa: E402
 
 PLUGIN = os.path.join(REPO, "fairseq_feedback")
+patches.apply()  # the tests run fairseq's code as its tools do, with the plugin's fixes
 TINY = dict(embed_dim=16, ffn_dim=32, heads=2)
 
 

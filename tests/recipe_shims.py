@@ -223,7 +223,10 @@ def _child(conn, fds, request):
     code = 0
     try:
         _, module, function = request["target"]
-        result = getattr(importlib.import_module(module), function)()
+        tool = importlib.import_module(module)
+        if "fairseq_feedback" in sys.modules:  # preloaded: imported before this process became the tool
+            sys.modules["fairseq_feedback"].patches.apply()
+        result = getattr(tool, function)()
         code = result if isinstance(result, int) else 0
     except SystemExit as e:
         if e.code is None:

@@ -251,6 +251,41 @@ def test_a_users_program_importing_the_plugin_keeps_its_traceback(tmp_path, how)
     assert proc.stderr.splitlines()[-1].startswith("FileNotFoundError: [Errno 2] No such file or directory")
 
 
+NO_EFFECT = """
+import sys
+
+import torch
+from fairseq import checkpoint_utils
+from fairseq.data import data_utils
+from fairseq.distributed import utils as distributed_utils
+
+
+def state():
+    return (sys.excepthook, data_utils.batch_by_size, data_utils.load_indexed_dataset, checkpoint_utils.PathManager,
+            checkpoint_utils.load_checkpoint, checkpoint_utils.load_checkpoint_to_cpu, distributed_utils.call_main,
+            set(map(str, torch.serialization.get_safe_globals())))
+
+
+before = state()
+from fairseq_feedback.models import FeedbackTransformerModel
+
+assert state() == before, "importing the plugin changed fairseq or torch"
+hub = FeedbackTransformerModel.from_pretrained(*sys.argv[1:])
+assert state() == before, "loading through the hub left the allowlist changed"
+print(hub.translate("s1 s2 s3"))
+"""
+
+
+def test_importing_the_plugin_changes_nothing_and_the_hub_still_loads(killed_run, translation_data, tmp_path):
+    """A program of one's own that imports the plugin keeps fairseq and torch
+    as they were, and loads a checkpoint through the hub all the same."""
+    (tmp_path / "mine.py").write_text(NO_EFFECT)
+    proc = subprocess.run([sys.executable, "mine.py", killed_run, "checkpoint_1_3.pt", translation_data],
+                          cwd=tmp_path, env=ENV, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() and all(word.startswith("t") for word in proc.stdout.split())
+
+
 @pytest.mark.parametrize("how", ["console script", "python -m"])
 def test_fairseq_tools_still_print_the_plugins_errors_as_one_line(tmp_path, how):
     command = ([os.path.join(os.path.dirname(sys.executable), "fairseq-train")] if how == "console script"
