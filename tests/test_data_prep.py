@@ -16,7 +16,7 @@ import pytest
 from fairseq.data import Dictionary, data_utils
 
 import data_prep_fixtures as fx
-from data_prep import common
+from data_prep import downloads, steps, text, translation
 from data_prep import prepare_cnn_dm as cnn
 from data_prep import prepare_iwslt14_de_en as iwslt
 from data_prep import prepare_wikitext103 as wiki
@@ -74,14 +74,14 @@ def test_iwslt_interrupted_resumed_and_rerun(tmp_path, monkeypatch):
     args = ["--raw", tmp_path / "raw", *dirs(tmp_path), "--bpe-merges", 300]
     dest, work = tmp_path / "data-bin" / "out", tmp_path / "work"
 
-    monkeypatch.setattr(iwslt, "learn_bpe", boom)
+    monkeypatch.setattr(translation, "learn_bpe", boom)
     with pytest.raises(RuntimeError):
         run(iwslt, *args)
     assert not dest.exists() and not (work / "bpe").exists()
-    assert (work / "text" / common.DONE).exists()
+    assert (work / "text" / steps.DONE).exists()
 
     # resumes after the finished text step, which must not run again
-    monkeypatch.setattr(iwslt, "learn_bpe", common.learn_bpe)
+    monkeypatch.setattr(translation, "learn_bpe", text.learn_bpe)
     monkeypatch.setattr(iwslt, "tokenize", boom)
     run(iwslt, *args)
     check_translation(dest, "de", "en", counts)
@@ -93,7 +93,7 @@ def test_iwslt_interrupted_resumed_and_rerun(tmp_path, monkeypatch):
 
     # a rerun has nothing to do: no fairseq-preprocess, nothing rewritten
     before = {f.name: f.stat().st_mtime_ns for f in dest.iterdir()}
-    monkeypatch.setattr(common.subprocess, "run", boom)
+    monkeypatch.setattr(steps.subprocess, "run", boom)
     start = time.perf_counter()
     run(iwslt, *args)
     assert time.perf_counter() - start < 2
@@ -204,7 +204,7 @@ def test_wmt_takes_news_commentary_v12_and_says_so(tmp_path, capsys):
     run(wmt, "--raw", raw, *dirs(tmp_path), "--bpe-merges", 500)
     dest = tmp_path / "data-bin" / "out"
     check_translation(dest, "en", "de", counts)
-    assert json.loads((dest / common.SETTINGS_FILE).read_text())["news_commentary"] == "v12"
+    assert json.loads((dest / steps.SETTINGS_FILE).read_text())["news_commentary"] == "v12"
     err = capsys.readouterr().err
     assert "News Commentary v12 (training-parallel-nc-v12.tgz" in err
     assert f"sentence pairs: train {counts['train']}, valid {counts['valid']}, test {counts['test']} " in err
@@ -325,13 +325,13 @@ def test_wikitext_downloaded(tmp_path, monkeypatch, server):
         return subprocess.CompletedProcess(cmd, 1)
 
     with monkeypatch.context() as m:
-        m.setattr(common.subprocess, "run", preprocess_dies_half_way)
+        m.setattr(steps.subprocess, "run", preprocess_dies_half_way)
         assert "fairseq-preprocess failed" in error_of(wiki, *args)
     assert not dest.exists()
     assert (tmp_path / "work" / "downloads" / archive.name).read_bytes() == _Server.payload
 
     # the rerun neither downloads nor extracts again
-    monkeypatch.setattr(common, "extract", boom)
+    monkeypatch.setattr(downloads, "extract", boom)
     run(wiki, *args)
     d = Dictionary.load(str(dest / "dict.txt"))
     for split, n in counts.items():
@@ -368,18 +368,18 @@ def test_wikitext_missing_file_is_named(tmp_path):
 
 def test_download_resumes_and_verifies(tmp_path, server):
     good = "md5:" + hashlib.md5(_Server.payload).hexdigest()
-    archive = common.Archive("a.tgz", (f"{server}/missing", f"{server}/a.tgz"), good, ("x",))
+    archive = downloads.Archive("a.tgz", (f"{server}/missing", f"{server}/a.tgz"), good, ("x",))
     (tmp_path / "a.tgz.part").write_bytes(_Server.payload[:1000])  # left by an interrupted run
-    path = common.download(archive, tmp_path)
+    path = downloads.download(archive, tmp_path)
     assert path.read_bytes() == _Server.payload and _Server.ranges == ["bytes=1000-"]
     assert not (tmp_path / "a.tgz.part").exists()
-    assert common.download(archive, tmp_path) == path and len(_Server.ranges) == 1  # there already
+    assert downloads.download(archive, tmp_path) == path and len(_Server.ranges) == 1  # there already
 
     bad = dataclasses.replace(archive, filename="b.tgz", checksum="md5:" + "0" * 32)
     with pytest.raises(SystemExit, match="downloaded b.tgz is corrupt.*rerun"):
-        common.download(bad, tmp_path)
+        downloads.download(bad, tmp_path)
     assert not (tmp_path / "b.tgz").exists() and not (tmp_path / "b.tgz.part").exists()
 
     gone = dataclasses.replace(archive, filename="c.tgz", urls=(f"{server}/missing",))
     with pytest.raises(SystemExit, match="could not download c.tgz .*404.*--raw"):
-        common.download(gone, tmp_path)
+        downloads.download(gone, tmp_path)

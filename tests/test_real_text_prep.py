@@ -19,7 +19,7 @@ from fairseq.data import Dictionary, data_utils
 import data_prep_fixtures as fx
 from data_prep import prepare_debian_de_en as de_en
 from data_prep import prepare_debian_docs as docs
-from data_prep.common import moses
+from data_prep.text import moses
 from data_prep.debian import normalized
 from test_data_prep import error_of, run
 
