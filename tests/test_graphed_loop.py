@@ -8,11 +8,9 @@ marked `gpu` run there."""
 
 import pytest
 import torch
-import torch.nn.functional as F
-from conftest import make_dictionary, tiny_lm, tiny_translation_model
 from fairseq import search as search_module
-from fairseq.sequence_generator import SequenceGenerator
-from test_feedback_decoder import DEPTHS, batch
+from helpers import (DEPTHS, assert_same_hypotheses, batch, loss_and_gradients, make_dictionary, search, tiny_lm,
+                     tiny_translation_model)
 
 from fairseq_feedback.errors import FeedbackUsageError
 from fairseq_feedback.models.graphed_loop import GraphedFeedbackLoop, bucket
@@ -29,13 +27,6 @@ def test_buckets_pad_little_and_are_few():
     sizes = range(1, 2049)
     assert all(n <= bucket(n) < n + max(8, n / 8) for n in sizes)
     assert len({bucket(n) for n in sizes}) == 16 + 8 * 4  # multiples of 8 to 128, then 8 per doubling
-
-
-def loss_and_gradients(model, forward, target):
-    logits = forward()
-    loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), target.reshape(-1), reduction="sum")
-    loss.backward()
-    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
 def assert_same(got, expected):
@@ -126,30 +117,6 @@ DECODING = {
     "persistent vectors, top-layer memory": ["--persistent-vectors", "2", "--memory-composition", "top"],
 }
 SPANS = {"span shorter than the output (the ring wraps)": 3, "span longer (the memory grows)": 40}
-
-
-def search(model, d, generator_args, sample, seed=0, reorders=None):
-    """fairseq's search; `reorders` collects the rows of each reorder."""
-    torch.manual_seed(seed)
-    generator = SequenceGenerator([model], d, **generator_args)
-    if reorders is not None:
-        def reorder(state, order, reorder=model.decoder.reorder_incremental_state):
-            reorders.append(len(order))
-            reorder(state, order)
-
-        model.decoder.reorder_incremental_state = reorder
-    try:
-        return generator.generate([model], sample, prefix_tokens=sample.get("prefix_tokens"))
-    finally:
-        model.decoder.__dict__.pop("reorder_incremental_state", None)
-
-
-def assert_same_hypotheses(got, expected):
-    for got_nbest, nbest in zip(got, expected):
-        assert len(got_nbest) == len(nbest)
-        for g, e in zip(got_nbest, nbest):
-            assert torch.equal(g["tokens"], e["tokens"])
-            torch.testing.assert_close(g["positional_scores"], e["positional_scores"], atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("depth", DEPTHS.values(), ids=DEPTHS.keys())

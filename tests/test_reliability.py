@@ -10,18 +10,15 @@ import sys
 
 import pytest
 import torch
-from cli import ENV, PLUGIN, error_lines, last_number, run, train_on_two_workers
-from test_lm_cli import MODEL as LM
-from test_lm_cli import preprocess as preprocess_lm
-from test_lm_cli import write_corpus as write_lm_corpus
-from test_translation_cli import MODEL, preprocess
+from helpers import (ENV, LM_MODEL, PLUGIN, TRANSLATION_MODEL, error_lines, last_number, preprocess_lm,
+                     preprocess_translation, run, train_on_two_workers, write_lm_corpus)
 
 from data_prep.synthetic_translation import write_corpus
 
 # SGD and no dropout: parameters of two runs on the same batches are equal, not
 # only close (Adam rescales float noise of zero gradients into full steps)
 SGD = ["--optimizer", "sgd", "--lr", "0.5", "--disable-validation"]
-TRANSLATION = [*MODEL, *SGD, "--batch-size", 8, "--required-batch-size-multiple", 1]
+TRANSLATION = [*TRANSLATION_MODEL, *SGD, "--batch-size", 8, "--required-batch-size-multiple", 1]
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +26,7 @@ def translation_data(tmp_path_factory):
     """80 sentence pairs: 10 batches of 8 per epoch."""
     root = tmp_path_factory.mktemp("reliability")
     write_corpus(str(root / "corpus"), {"train": 80, "valid": 8, "test": 8}, vocab=12, max_len=8)
-    preprocess(root / "corpus", root / "data-bin")
+    preprocess_translation(root / "corpus", root / "data-bin")
     return root / "data-bin"
 
 
@@ -179,7 +176,7 @@ def lm_data(tmp_path_factory):
     return root / "data-bin"
 
 
-LM_TRAIN = [*LM, *SGD, "--tokens-per-sample", 16]
+LM_TRAIN = [*LM_MODEL, *SGD, "--tokens-per-sample", 16]
 
 
 def test_resumed_lm_at_an_epoch_boundary_equals_uninterrupted(lm_data, tmp_path):
