@@ -21,7 +21,7 @@ test: setup
 	$(BIN)/python -m pytest -q tests
 
 demo: setup
-	$(BIN)/python -m fairseq_feedback.demo --out demo
+	$(BIN)/python -m fairseq_feedback_cli.demo --out demo
 
 bench: setup
 	$(BIN)/feedback-benchmark

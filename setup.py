@@ -7,7 +7,7 @@ setup(
     long_description=open("README.md").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.8",
-    packages=find_packages(include=["fairseq_feedback", "fairseq_feedback.*", "data_prep"]),
+    packages=find_packages(include=["fairseq_feedback", "fairseq_feedback.*", "fairseq_feedback_cli", "data_prep"]),
     install_requires=[
         # the official fairseq 0.12.2 does not import on Python >= 3.11; fairseq-fixed
         # is fairseq main with that fix, and imports as `fairseq`
@@ -29,10 +29,10 @@ setup(
     extras_require={"test": ["pytest"]},
     entry_points={
         "console_scripts": [
-            "feedback-benchmark = fairseq_feedback.benchmark:main",
-            "feedback-average-checkpoints = fairseq_feedback.average_checkpoints:main",
-            "feedback-score = fairseq_feedback.score:main",
-            "feedback-evaluate-toy = fairseq_feedback.evaluate_toy:cli",
+            "feedback-benchmark = fairseq_feedback_cli.benchmark:main",
+            "feedback-average-checkpoints = fairseq_feedback_cli.average_checkpoints:main",
+            "feedback-score = fairseq_feedback_cli.score:main",
+            "feedback-evaluate-toy = fairseq_feedback_cli.evaluate_toy:cli",
         ],
     },
 )

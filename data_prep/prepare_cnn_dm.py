@@ -10,24 +10,25 @@ dropped.  A joint sentencepiece BPE model is learnt on train source+target.
 The detokenized test summaries stay in <work>/text/test.target for ROUGE.
 """
 
-import functools
 import hashlib
-import itertools
 import sys
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a file: make the data_prep package importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from data_prep.common import (Archive, binarize, count_lines, describe_sources, dest_is_done, fail, gather_inputs,
-                              identity, log, log_counts, make_parser, pmap, read_lines, read_pairs, resolve_dirs,
-                              run_cli, step)
+from data_prep.arguments import log, make_parser, resolve_dirs, run_cli
+from data_prep.downloads import Archive, describe_sources, gather_inputs
+from data_prep.steps import identity
+from data_prep.text import pmap, read_lines, read_pairs
+from data_prep.translation import Corpus, SentencePiece, prepare_translation
+from fairseq_feedback_cli.command_line import fail
 
 NAME = "cnn_dm"
 SPLITS = {"train": "train", "valid": "val", "test": "test"}  # ours -> the url lists' / line files' names
 SIDES = ("source", "target")
 ARTICLE_WORDS = 400
-SPM_MODEL = "sentencepiece.bpe.model"
+SPM_MODEL = SentencePiece.model  # beside the binarized data
 # acceptable sentence ends, as See et al.'s make_datafiles.py
 END_TOKENS = (".", "!", "?", "...", "'", "`", '"', "\u2019", "\u201d", ")")
 
@@ -87,19 +88,19 @@ def _story_path(url: str, story_dirs) -> Path:
     fail(f"story {name} (for {url}) is in neither {' nor '.join(map(str, story_dirs))}")
 
 
-def text_from_stories(out: Path, files: dict, workers: int) -> None:
-    story_dirs = [files["cnn/stories/"], files["dailymail/stories/"]]
+def text_from_stories(out: Path, inputs: dict, workers: int) -> None:
+    story_dirs = [inputs["cnn/stories/"], inputs["dailymail/stories/"]]
     for split, theirs in SPLITS.items():
-        urls = [u.strip() for u in read_lines(files[f"url_lists/all_{theirs}.txt"]) if u.strip()]
+        urls = [u.strip() for u in read_lines(inputs[f"url_lists/all_{theirs}.txt"]) if u.strip()]
         paths = [_story_path(u, story_dirs) for u in urls]
         pairs = pmap(read_story, paths, workers, f"read {split} stories", total=len(paths))
         write_pairs(out, split, pairs)
 
 
-def text_from_lines(out: Path, raw: Path) -> None:
+def text_from_lines(out: Path, inputs: Path, workers: int) -> None:
+    """`inputs`: the --raw folder of line files."""
     for split, theirs in SPLITS.items():
-        pairs = read_pairs(raw / f"{theirs}.source", raw / f"{theirs}.target")
-        write_pairs(out, split, pairs)
+        write_pairs(out, split, read_pairs(inputs / f"{theirs}.source", inputs / f"{theirs}.target"))
 
 
 def write_pairs(out: Path, split: str, pairs) -> None:
@@ -119,28 +120,6 @@ def write_pairs(out: Path, split: str, pairs) -> None:
     log(f"{split}: {kept} of {n} pairs")
 
 
-def make_spm(out: Path, text: Path, vocab_size: int, workers: int) -> None:
-    import sentencepiece as spm
-
-    prefix = out / SPM_MODEL.rsplit(".", 1)[0]
-    log(f"training a {vocab_size} piece sentencepiece BPE model ...")
-    with open(out / "spm_train.log", "w") as logfile:
-        spm.SentencePieceTrainer.train(
-            input=",".join(str(text / f"train.{side}") for side in SIDES), model_prefix=str(prefix),
-            model_type="bpe", vocab_size=vocab_size, num_threads=workers,
-            input_sentence_size=1_000_000, shuffle_input_sentence=True, max_sentence_length=1 << 16,
-            hard_vocab_limit=False,  # a soft limit, so small corpora (tests) work too
-            logstream=logfile)
-    sp = spm.SentencePieceProcessor(model_file=str(out / SPM_MODEL))
-    for split in SPLITS:
-        for side in SIDES:
-            lines = read_lines(text / f"{split}.{side}")
-            with open(out / f"{split}.{side}", "w", encoding="utf-8") as f:
-                while batch := list(itertools.islice(lines, 10000)):
-                    for pieces in sp.encode(batch, out_type=str, num_threads=workers):
-                        f.write(" ".join(pieces) + "\n")
-
-
 def main(argv=None) -> None:
     parser = make_parser(NAME, __doc__)
     parser.add_argument("--vocab-size", type=int, default=32000,
@@ -149,32 +128,21 @@ def main(argv=None) -> None:
     resolve_dirs(args)
     line_files = [f"{theirs}.{side}" for theirs in SPLITS.values() for side in SIDES]
     from_lines = args.raw is not None and any((args.raw / f).exists() for f in line_files)
+    archives = list(ARCHIVES.values())
     if from_lines:
         missing = [f for f in line_files if not (args.raw / f).is_file()]
         if missing:
             fail(f"{args.raw} has some line files but not {missing[0]}")
         sources = {f: identity(args.raw / f) for f in line_files}
     else:
-        sources = describe_sources(list(ARCHIVES.values()), args.raw)
-    made_from = {"dataset": NAME, "input": "line files" if from_lines else "stories", "sources": sources}
-    settings = {**made_from, "vocab_size": args.vocab_size}
-    if dest_is_done(args.dest, settings):
-        return
-    if from_lines:
-        build = functools.partial(text_from_lines, raw=args.raw)
-    else:
-        files = gather_inputs(list(ARCHIVES.values()), args.raw, args.work)
-        build = functools.partial(text_from_stories, files=files, workers=args.workers)
-    text = step(args.work / "text", build, made_from)
-    log(f"detokenized test summaries (ROUGE references): {text / 'test.target'}")
-    pieces = step(args.work / "spm", functools.partial(make_spm, text=text, vocab_size=args.vocab_size,
-                                                       workers=args.workers), settings)
-    binarize(args.dest, settings,
-             ["--source-lang", "source", "--target-lang", "target", "--joined-dictionary",
-              "--trainpref", str(pieces / "train"), "--validpref", str(pieces / "valid"),
-              "--testpref", str(pieces / "test")],
-             args.workers, extra_files=[pieces / SPM_MODEL])
-    log_counts(NAME, "article-summary pairs", {split: count_lines(pieces / f"{split}.source") for split in SPLITS})
+        sources = describe_sources(archives, args.raw)
+    prepare_translation(args, Corpus(
+        NAME, SIDES, {"dataset": NAME, "input": "line files" if from_lines else "stories", "sources": sources},
+        inputs=(lambda: args.raw) if from_lines else (lambda: gather_inputs(archives, args.raw, args.work)),
+        make_text=text_from_lines if from_lines else text_from_stories,
+        subwords=SentencePiece(args.vocab_size),
+        after_text=lambda text: log(f"detokenized test summaries (ROUGE references): {text / 'test.target'}"),
+        what="article-summary pairs"))
 
 
 if __name__ == "__main__":

@@ -39,8 +39,10 @@ if __package__ in (None, ""):  # run as a file: make the data_prep package impor
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from data_prep import debian
-from data_prep.common import (apply_bpe, binarize, dest_is_done, fail, learn_bpe, log, make_parser, resolve_dirs,
-                              run_cli, step, tokenize, write_lines)
+from data_prep.arguments import log, make_parser, resolve_dirs, run_cli
+from data_prep.text import tokenize, write_lines
+from data_prep.translation import Corpus, JointBPE, prepare_translation
+from fairseq_feedback_cli.command_line import fail
 
 NAME = "debian_de_en"
 LANGS = ("de", "en")
@@ -195,7 +197,7 @@ def pair_of(msgid: str, msgstr: str, fuzzy: bool):
 # ---------------------------------------------------------------- the steps
 
 
-def make_text(out: Path, inputs, test, valid, workers: int) -> None:
+def make_text(out: Path, inputs, workers: int, test, valid) -> None:
     pairs = {split: [] for split in debian.SPLITS}
     rows, dropped = [], Counter()
     for inp in inputs:
@@ -229,14 +231,14 @@ def make_text(out: Path, inputs, test, valid, workers: int) -> None:
     (out / "counts.json").write_text(json.dumps(counts, indent=1) + "\n")
 
 
-def make_bpe(out: Path, text: Path, merges: int, workers: int) -> None:
-    learn_bpe([text / f"train.{lang}" for lang in LANGS], out / "code", merges, workers)
-    for split in debian.SPLITS:
-        for lang in LANGS:
-            apply_bpe(out / "code", text / f"{split}.{lang}", out / f"{split}.{lang}", workers)
+def check_pairs(text: Path) -> None:
+    pairs = json.loads((text / "counts.json").read_text())["pairs"]
+    if not all(pairs.values()):
+        fail(f"a split has no pairs ({pairs}): the inputs hold no German catalogs of sentences")
 
 
-def report(counts: dict) -> None:
+def report(text: Path) -> None:
+    counts = json.loads((text / "counts.json").read_text())
     debian.print_table([[r[k] for k in ("source", "package", "version", "split", "catalogs", "entries", "pairs")]
                         for r in counts["inputs"]],
                        ("source", "package", "version", "split", "catalogs", "entries", "pairs"))
@@ -264,23 +266,12 @@ def main(argv=None) -> None:
                  f"{' '.join(sorted(groups))}")
     if len(groups - set(args.test) - set(args.valid)) == 0:
         fail("every input is in --test or --valid: nothing is left to train on")
-    text_settings = {"dataset": NAME, "test": sorted(args.test), "valid": sorted(args.valid),
-                     "sources": debian.manifest(inputs)}
-    settings = {**text_settings, "bpe_merges": args.bpe_merges}
-    if dest_is_done(args.dest, settings):
-        return
-    text = step(args.work / "text", functools.partial(make_text, inputs=inputs, test=args.test, valid=args.valid,
-                                                      workers=args.workers), text_settings)
-    counts = json.loads((text / "counts.json").read_text())
-    if not all(counts["pairs"].values()):
-        fail(f"a split has no pairs ({counts['pairs']}): the inputs hold no German catalogs of sentences")
-    bpe = step(args.work / "bpe", functools.partial(make_bpe, text=text, merges=args.bpe_merges,
-                                                    workers=args.workers), settings)
-    binarize(args.dest, settings,
-             ["--source-lang", "de", "--target-lang", "en", "--joined-dictionary",
-              "--trainpref", str(bpe / "train"), "--validpref", str(bpe / "valid"), "--testpref", str(bpe / "test")],
-             args.workers, extra_files=[bpe / "code", text / "counts.json", text / "test.raw.en"])
-    report(counts)
+    prepare_translation(args, Corpus(
+        NAME, LANGS, {"dataset": NAME, "test": sorted(args.test), "valid": sorted(args.valid),
+                      "sources": debian.manifest(inputs)},
+        inputs=lambda: inputs, make_text=functools.partial(make_text, test=args.test, valid=args.valid),
+        subwords=JointBPE(args.bpe_merges), keep=("counts.json", "test.raw.en"), after_text=check_pairs,
+        report=report))
 
 
 if __name__ == "__main__":

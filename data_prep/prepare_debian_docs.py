@@ -37,8 +37,10 @@ if __package__ in (None, ""):  # run as a file: make the data_prep package impor
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from data_prep import debian
-from data_prep.common import (apply_bpe, binarize, dest_is_done, fail, learn_bpe, log, make_parser, resolve_dirs,
-                              run_cli, step, tokenize, write_lines)
+from data_prep.arguments import log, make_parser, resolve_dirs, run_cli
+from data_prep.steps import binarize, dest_is_done, step
+from data_prep.text import apply_bpe, learn_bpe, tokenize, write_lines
+from fairseq_feedback_cli.command_line import fail
 
 NAME = "debian_docs"
 # Measured on bookworm (examples/debian_docs/README.md): 5.5M words of prose.

@@ -15,8 +15,10 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a file: make the data_prep package importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from data_prep.common import (Archive, apply_bpe, clean_corpus, learn_bpe, prepare_translation, read_lines, run_cli,
-                              sgm_segments, tokenize, translation_parser, write_lines)
+from data_prep.arguments import resolve_dirs, run_cli
+from data_prep.downloads import Archive, describe_sources, gather_inputs
+from data_prep.text import clean_corpus, read_lines, sgm_segments, tokenize, write_lines
+from data_prep.translation import Corpus, JointBPE, prepare_translation, translation_parser
 
 NAME = "iwslt14_de_en"
 LANGS = ("de", "en")
@@ -50,11 +52,11 @@ def transcript(lines):
             yield TITLE_TAGS.sub("", line)
 
 
-def make_text(out: Path, files: dict, workers: int) -> None:
+def make_text(out: Path, inputs: dict, workers: int) -> None:
     for lang in LANGS:
-        lines = transcript(read_lines(files[TRAIN[lang]]))
+        lines = transcript(read_lines(inputs[TRAIN[lang]]))
         write_lines(out / f"train.tags.{lang}", tokenize(lines, workers, f"train.{lang}", lang=lang))
-        segs = [seg for f in TEST[lang] for seg in sgm_segments(files[f])]
+        segs = [seg for f in TEST[lang] for seg in sgm_segments(inputs[f])]
         write_lines(out / f"test.{lang}", tokenize(segs, workers, f"test.{lang}", lang=lang, quote=True, lower=True))
 
     pairs = clean_corpus(out / "train.tags.de", out / "train.tags.en", 1, 175, 1.5)
@@ -69,16 +71,14 @@ def make_text(out: Path, files: dict, workers: int) -> None:
         (out / f"train.tags.{lang}").unlink()
 
 
-def make_bpe(out: Path, text: Path, merges: int, workers: int) -> None:
-    learn_bpe([text / f"train.{lang}" for lang in LANGS], out / "code", merges, workers)
-    for split in ("train", "valid", "test"):
-        for lang in LANGS:
-            apply_bpe(out / "code", text / f"{split}.{lang}", out / f"{split}.{lang}", workers)
-
-
 def main(argv=None) -> None:
     args = translation_parser(NAME, __doc__, default_merges=10000).parse_args(argv)
-    prepare_translation(args, NAME, list(ARCHIVES.values()), make_text, make_bpe, "de", "en")
+    resolve_dirs(args)
+    archives = list(ARCHIVES.values())
+    prepare_translation(args, Corpus(
+        NAME, LANGS, {"dataset": NAME, "sources": describe_sources(archives, args.raw)},
+        inputs=lambda: gather_inputs(archives, args.raw, args.work), make_text=make_text,
+        subwords=JointBPE(args.bpe_merges)))
 
 
 if __name__ == "__main__":

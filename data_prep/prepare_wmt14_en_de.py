@@ -16,8 +16,11 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a file: make the data_prep package importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from data_prep.common import (Archive, in_raw, apply_bpe, clean_corpus, fail, learn_bpe, log, prepare_translation,
-                              read_lines, run_cli, sgm_segments, tokenize, translation_parser, write_lines)
+from data_prep.arguments import log, resolve_dirs, run_cli
+from data_prep.downloads import Archive, describe_sources, gather_inputs, in_raw
+from data_prep.text import read_lines, sgm_segments, tokenize, write_lines
+from data_prep.translation import Corpus, JointBPE, prepare_translation, translation_parser
+from fairseq_feedback_cli.command_line import fail
 
 NAME = "wmt14_en_de"
 SRC, TGT = "en", "de"
@@ -73,38 +76,21 @@ def news_commentary_in(raw) -> list:
             if (raw / archive.filename).is_file() or in_raw(archive, raw) is not None]
 
 
-def _train_lines(files: dict, lang: str, corpora):
+def _train_lines(inputs: dict, lang: str, corpora):
     for prefix in corpora:
-        yield from read_lines(files[f"{prefix}.{lang}"])
+        yield from read_lines(inputs[f"{prefix}.{lang}"])
 
 
-def make_text(out: Path, files: dict, workers: int, corpora) -> None:
+def make_text(out: Path, inputs: dict, workers: int, corpora) -> None:
     for lang in LANGS:
         kw = dict(lang=lang, aggressive=True)
-        write_lines(out / f"train.{lang}", tokenize(_train_lines(files, lang, corpora), workers, f"train.{lang}",
+        write_lines(out / f"train.{lang}", tokenize(_train_lines(inputs, lang, corpora), workers, f"train.{lang}",
                                                     normalize=True, **kw))
-        write_lines(out / f"valid.{lang}", tokenize(read_lines(files[VALID[lang]]), workers, f"valid.{lang}",
+        write_lines(out / f"valid.{lang}", tokenize(read_lines(inputs[VALID[lang]]), workers, f"valid.{lang}",
                                                     normalize=True, **kw))
         # the recipe does not normalize the test set, only straightens ’
-        write_lines(out / f"test.{lang}", tokenize(sgm_segments(files[TEST[lang]]), workers, f"test.{lang}",
+        write_lines(out / f"test.{lang}", tokenize(sgm_segments(inputs[TEST[lang]]), workers, f"test.{lang}",
                                                    quote=True, **kw))
-
-
-def make_bpe(out: Path, text: Path, merges: int, workers: int) -> None:
-    learn_bpe([text / f"train.{lang}" for lang in LANGS], out / "code", merges, workers)
-    for lang in LANGS:
-        for split in ("valid", "test"):
-            apply_bpe(out / "code", text / f"{split}.{lang}", out / f"{split}.{lang}", workers)
-        apply_bpe(out / "code", text / f"train.{lang}", out / f"bpe.train.{lang}", workers)
-    # the recipe cleans after BPE, so the 250 limit counts subwords
-    pairs = clean_corpus(out / f"bpe.train.{SRC}", out / f"bpe.train.{TGT}", 1, 250, 1.5)
-    with open(out / f"train.{SRC}", "w", encoding="utf-8") as fs, open(out / f"train.{TGT}", "w",
-                                                                        encoding="utf-8") as ft:
-        for s, t in pairs:
-            fs.write(s + "\n")
-            ft.write(t + "\n")
-    for lang in LANGS:
-        (out / f"bpe.train.{lang}").unlink()
 
 
 def main(argv=None) -> None:
@@ -113,6 +99,7 @@ def main(argv=None) -> None:
                         help="v9: WMT'14's own (fairseq's prepare-wmt14en2de.sh --icml17); v12: WMT'17's (that "
                              "script's default). Default: the one --raw holds, else v9")
     args = parser.parse_args(argv)
+    resolve_dirs(args)
     version = args.news_commentary
     if version is None:
         found = news_commentary_in(args.raw) if args.raw is not None else []
@@ -124,8 +111,13 @@ def main(argv=None) -> None:
         + ("WMT'14's own, as fairseq's prepare-wmt14en2de.sh --icml17)" if version == "v9"
            else "WMT'17's, as fairseq's prepare-wmt14en2de.sh without --icml17)"))
     corpora = (EUROPARL, COMMONCRAWL, news_commentary(version))
-    prepare_translation(args, NAME, [*ARCHIVES.values(), news], functools.partial(make_text, corpora=corpora),
-                        make_bpe, SRC, TGT, options={"news_commentary": version})
+    archives = [*ARCHIVES.values(), news]
+    prepare_translation(args, Corpus(
+        NAME, LANGS, {"dataset": NAME, "news_commentary": version, "sources": describe_sources(archives, args.raw)},
+        inputs=lambda: gather_inputs(archives, args.raw, args.work),
+        make_text=functools.partial(make_text, corpora=corpora),
+        # the recipe cleans after BPE, so the 250 limit counts subwords
+        subwords=JointBPE(args.bpe_merges, clean=(1, 250, 1.5))))
 
 
 if __name__ == "__main__":

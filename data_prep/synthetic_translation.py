@@ -13,7 +13,8 @@ import argparse
 import os
 import random
 
-from data_prep.files import atomic_folder
+from fairseq_feedback_cli.command_line import ArgumentParser, check_at_least
+from fairseq_feedback_cli.outputs import atomic_folder
 
 
 def sentence_pair(rng: random.Random, vocab: int, min_len: int, max_len: int):
@@ -33,7 +34,7 @@ def write_corpus(out: str, sizes: dict, vocab=24, min_len=3, max_len=12, seed=1)
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
     parser.add_argument("--train", type=int, default=4000)
     parser.add_argument("--valid", type=int, default=200)
@@ -44,8 +45,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if os.path.exists(args.out):
         parser.exit(0, f"{args.out} exists; keeping it\n")
-    if min(args.train, args.valid, args.test, args.vocab) < 1 or args.max_len < 3:
-        parser.error("sizes and --vocab must be positive and --max-len at least 3")
+    check_at_least(args, train=1, valid=1, test=1, vocab=1, max_len=3)
     write_corpus(args.out, {"train": args.train, "valid": args.valid, "test": args.test},
                  vocab=args.vocab, max_len=args.max_len, seed=args.seed)
 

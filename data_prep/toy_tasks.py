@@ -21,7 +21,8 @@ import os
 import random
 from functools import partial
 
-from data_prep.files import atomic_folder
+from fairseq_feedback_cli.command_line import ArgumentParser, check_at_least, fail
+from fairseq_feedback_cli.outputs import atomic_folder
 
 SPLITS = ("train", "valid", "test")
 DEFAULT_SIZES = {"train": 10000, "valid": 1000, "test": 1000}
@@ -326,19 +327,9 @@ def score(task, labels_lines, predicted_lines):
 # --- command line -------------------------------------------------------------------
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, no usage dump
-        raise SystemExit(f"{self.prog}: error: {message}")
-
-
-def _positive(text):
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
+# counts, at least 1 each (those of the chosen task)
+COUNTS = ("train", "valid", "test", "train_length", "test_length", "max_length", "grid_size", "episode_length",
+          "statements")
 
 
 def build_parser():
@@ -346,36 +337,38 @@ def build_parser():
     common.add_argument("--out", required=True, help="the task folder is written under it")
     common.add_argument("--seed", type=int, default=1)
     for split in SPLITS:
-        common.add_argument(f"--{split}", type=_positive, default=DEFAULT_SIZES[split],
+        common.add_argument(f"--{split}", type=int, default=DEFAULT_SIZES[split],
                             help=f"number of {split} episodes (default {DEFAULT_SIZES[split]})")
     common.add_argument("--force", action="store_true", help="replace an existing task folder")
 
-    parser = _Parser(prog="toy_tasks", description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog="toy_tasks", description=__doc__.split("\n\n")[0])
     tasks = parser.add_subparsers(dest="task", required=True, metavar="TASK")
     for name in ("copy", "reverse"):
         p = tasks.add_parser(name, parents=[common], help=f"{name} a row of digits")
-        p.add_argument("--train-length", type=_positive, default=40)
-        p.add_argument("--test-length", type=_positive, default=400, help="valid and test length")
+        p.add_argument("--train-length", type=int, default=40)
+        p.add_argument("--test-length", type=int, default=400, help="valid and test length")
     p = tasks.add_parser("counting", parents=[common], help="n A's, then n B's")
-    p.add_argument("--max-length", type=_positive, default=50, help="n is uniform in 1..max")
+    p.add_argument("--max-length", type=int, default=50, help="n is uniform in 1..max")
     p = tasks.add_parser("random_walk", parents=[common], help="track a walker on a grid")
-    p.add_argument("--grid-size", type=_positive, default=8)
-    p.add_argument("--episode-length", type=_positive, default=100)
+    p.add_argument("--grid-size", type=int, default=8)
+    p.add_argument("--episode-length", type=int, default=100)
     p = tasks.add_parser("algorithmic", parents=[common], help="print values of a toy program")
     p.add_argument("--variables", type=int, default=3, choices=range(1, len(VARIABLES) + 1))
-    p.add_argument("--statements", type=_positive, default=100)
+    p.add_argument("--statements", type=int, default=100)
     p.add_argument("--equality", action="store_true", help="also emit `==` conditionals")
     return parser
 
 
 def main(argv=None):
-    args = vars(build_parser().parse_args(argv))
+    parsed = build_parser().parse_args(argv)
+    check_at_least(parsed, **dict.fromkeys(COUNTS, 1))
+    args = vars(parsed)
     task, out, seed, force = args.pop("task"), args.pop("out"), args.pop("seed"), args.pop("force")
     sizes = {split: args.pop(split) for split in SPLITS}
     try:
         path = write_task(out, task, seed, sizes, force=force, **args)
     except OSError as e:
-        raise SystemExit(f"toy_tasks: error: {e}")
+        fail(str(e))
     print(f"wrote {path}: " + ", ".join(f"{sizes[s]} {s}" for s in SPLITS) + " episodes")
 
 

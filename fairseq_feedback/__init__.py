@@ -1,11 +1,11 @@
-"""Feedback Transformer for fairseq: `--user-dir` plugin or `import fairseq_feedback`."""
+"""Feedback Transformer for fairseq: the `--user-dir` plugin.
 
-from .errors import install_excepthook
-from .fairseq_fixes import apply_fairseq_fixes
-from .safe_checkpoints import allow_fairseq_checkpoints
+Importing it registers its models and tasks. Loaded by one of fairseq's
+command-line tools, it also applies its fixes of fairseq (patches.py); a
+program of one's own that imports it is otherwise left as it was.
+"""
 
-allow_fairseq_checkpoints()
-install_excepthook()
-apply_fairseq_fixes()
+from . import models, tasks  # noqa: F401  (registers the models and the tasks)
+from .patches import apply_in_fairseq_tools
 
-from . import models, tasks  # noqa: E402,F401  (registers the models and the task)
+apply_in_fairseq_tools()

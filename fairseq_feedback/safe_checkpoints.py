@@ -9,12 +9,16 @@ allowlist exactly the plain-data classes fairseq writes into checkpoints:
   checkpoint's training state;
 - omegaconf containers and fairseq's tensor placeholder: what distributed
   training and resuming store.
-Everything else is still refused. A --user-dir plugin is imported before any
-checkpoint is read, so doing this at import time covers every fairseq CLI.
+Everything else is still refused (fairseq issues 5603, 5610). fairseq's
+tools allow them for the whole run (patches.py: a --user-dir plugin is
+imported before any checkpoint is read), this project's tools as they start;
+the models' from_pretrained (the hub, in a program of one's own) for the
+load alone.
 """
 
 import argparse
 import collections
+import contextlib
 import typing
 
 import numpy as np
@@ -46,3 +50,20 @@ def fairseq_checkpoint_globals():
 def allow_fairseq_checkpoints() -> None:
     if hasattr(torch.serialization, "add_safe_globals"):  # torch >= 2.4
         torch.serialization.add_safe_globals(fairseq_checkpoint_globals())
+
+
+@contextlib.contextmanager
+def fairseq_checkpoints_allowed():
+    """They are allowed in this block, and the allowlist is then as it was
+    (torch's own safe_globals context would take them out even where they
+    were allowed before). torch < 2.5 needs none of this."""
+    if not hasattr(torch.serialization, "get_safe_globals"):
+        yield
+        return
+    before = torch.serialization.get_safe_globals()
+    torch.serialization.add_safe_globals(fairseq_checkpoint_globals())
+    try:
+        yield
+    finally:
+        torch.serialization.clear_safe_globals()
+        torch.serialization.add_safe_globals(before)

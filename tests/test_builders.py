@@ -1,9 +1,8 @@
-"""fairseq_feedback.builders, as the tests' tiny models and feedback-benchmark use them."""
+"""fairseq_feedback_cli.builders, as the tests' tiny models and feedback-benchmark use them."""
 
 import torch
+from helpers import make_dictionary, tiny_lm, tiny_translation_model
 
-from conftest import make_dictionary, tiny_lm, tiny_translation_model
-from fairseq_feedback import benchmark
 from fairseq_feedback.models.feedback_lm import FeedbackLanguageModel
 from fairseq_feedback.models.feedback_transformer import FeedbackTransformerModel
 from fairseq_feedback.tasks import FeedbackLanguageModelingTask
@@ -29,26 +28,3 @@ def test_the_tiny_models_are_the_registered_classes_seeded():
     weight = "decoder.layers.0.fc1.weight"
     assert torch.equal(model.state_dict()[weight], again.state_dict()[weight])
     assert not torch.equal(model.state_dict()[weight], other.state_dict()[weight])
-
-
-def test_the_benchmark_runs_on_the_same_builders(capsys):
-    benchmark.main(["--preset", "tiny", "--threads", "1"])
-    out = capsys.readouterr().out
-    for row in ("transformer ", "feedback_transformer", "transformer_lm", "feedback_lm", "feedback / fairseq"):
-        assert row in out
-
-
-def test_the_benchmark_counts_the_feedback_loop_as_a_gpu_replays_it():
-    """On the CPU, ops/step of a feedback model is the graph path's: with its
-    weight gradients once per block, fewer operators than the eager loop
-    (measured: 321 against 350 per step here; 381 without them)."""
-    d = make_dictionary()
-    model, _ = tiny_translation_model("--dropout", "0", layers=3)
-    src, tgt = torch.randint(d.nspecial, len(d), (2, 8, 8))
-    lengths = torch.full((8,), 8)
-    work = benchmark.training_step(model, lambda: model(src, lengths, benchmark.shifted(d, tgt))[0], lambda: tgt)
-    replayed, _ = benchmark.kernels_and_busy_share(model, work, 8, torch.device("cpu"))
-    assert model.decoder.graphed is None  # the model runs eagerly again
-    with benchmark._CountOps() as eager:
-        work()
-    assert replayed < eager.count / 8  # without them the graph path's padding and bookkeeping would add operators

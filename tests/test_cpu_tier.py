@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from cli import ENV, run, run_module
+from helpers import ENV, run, run_module
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "examples" / "results" / "cpu_tier.sh"

@@ -12,10 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from cli import run, run_module
-from conftest import tiny_translation_model
-from test_feedback_decoder import batch
-from test_graphed_loop import assert_same, assert_same_hypotheses, loss_and_gradients, search
+from helpers import (assert_same_hypotheses, assert_same_loss_and_gradients, batch, loss_and_gradients, run,
+                     run_module, search, tiny_translation_model)
 
 from fairseq_feedback.models.graphed_loop import GraphedFeedbackLoop
 from fairseq_feedback.modules.cuda_graphs import GraphCache, GraphedFunction
@@ -86,7 +84,7 @@ def test_a_graph_that_fails_gives_way_to_the_eager_loop_with_one_warning(failure
     with caplog.at_level(logging.WARNING):
         graphed = training_results(model, batches)
     for got, expected in zip(graphed, eager):
-        assert_same(got, expected)
+        assert_same_loss_and_gradients(got, expected)
     (warning,) = warnings_of(caplog)
     assert "8 rows x 8 steps x 8 source positions" in warning and "running eagerly from now on" in warning
     assert re.search({"capture": r"capture failed \(RuntimeError: operation not permitted",
@@ -151,7 +149,7 @@ def test_a_second_forward_before_the_first_backward_runs_eagerly():
     # does after running out of memory): it holds nothing back
     model.train()
     model(src, lengths, prev)
-    assert_same(twice(), eager)
+    assert_same_loss_and_gradients(twice(), eager)
     cache = model.decoder.graphed.cache
     assert cache.calls == 2 and cache.failed is None
 

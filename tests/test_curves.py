@@ -1,10 +1,10 @@
-"""fairseq_feedback.curves: learning curves and markdown rows from toy evaluations and fairseq json logs."""
+"""fairseq_feedback_cli.curves: learning curves and markdown rows from toy evaluations and fairseq json logs."""
 
 import json
 
-import pytest
+from helpers import error_of
 
-from fairseq_feedback import curves
+from fairseq_feedback_cli import curves
 
 
 def write_log(path, records):
@@ -15,12 +15,8 @@ def write_log(path, records):
     return path
 
 
-def error_of(*argv):
-    with pytest.raises(SystemExit) as e:
-        curves.main([str(a) for a in argv])
-    message = str(e.value)
-    assert message.startswith("curves: error: ") and "\n" not in message, message
-    return message
+def curves_error(*argv):
+    return error_of(curves.main, [str(a) for a in argv])
 
 
 def test_log_curves_add_up_the_clock_of_resumed_runs(tmp_path, capsys):
@@ -70,11 +66,11 @@ def test_toy_curves_one_png_and_one_row_per_model(tmp_path, capsys):
 
 def test_bad_inputs_are_one_line(tmp_path):
     (tmp_path / "empty").mkdir()
-    assert "holds no test.UPDATES.json evaluations" in error_of("toy", "--out", tmp_path / "r", tmp_path / "empty")
+    assert "holds no test.UPDATES.json evaluations" in curves_error("toy", "--out", tmp_path / "r", tmp_path / "empty")
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "test.10.json").write_text("Traceback (most recent call last):\n")
-    assert "is not an evaluation's JSON" in error_of("toy", "--out", tmp_path / "r", tmp_path / "broken")
+    assert "is not an evaluation's JSON" in curves_error("toy", "--out", tmp_path / "r", tmp_path / "broken")
     log = write_log(tmp_path / "m" / "train.log", [{"epoch": 1, "num_updates": "1", "wall": "1"}])
-    assert "has no valid_ppl" in error_of("log", "--out", tmp_path / "c.png", log)
-    assert "cannot read" in error_of("log", "--out", tmp_path / "c.png", tmp_path / "missing.log")
-    assert "does not exist" in error_of("log", "--out", tmp_path / "no" / "c.png", log)
+    assert "has no valid_ppl" in curves_error("log", "--out", tmp_path / "c.png", log)
+    assert "cannot read" in curves_error("log", "--out", tmp_path / "c.png", tmp_path / "missing.log")
+    assert "does not exist" in curves_error("log", "--out", tmp_path / "no" / "c.png", log)

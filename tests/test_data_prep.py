@@ -16,26 +16,14 @@ import pytest
 from fairseq.data import Dictionary, data_utils
 
 import data_prep_fixtures as fx
-from data_prep import common
+from helpers import run_script, script_error
+from data_prep import downloads, steps, text, translation
 from data_prep import prepare_cnn_dm as cnn
 from data_prep import prepare_iwslt14_de_en as iwslt
 from data_prep import prepare_wikitext103 as wiki
 from data_prep import prepare_wmt14_en_de as wmt
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def run(module, *args):
-    module.main([str(a) for a in args])
-
-
-def error_of(module, *args) -> str:
-    """The message of the one-line error the script stops with."""
-    with pytest.raises(SystemExit) as e:
-        run(module, *args)
-    message = str(e.value.code)
-    assert message.startswith("error: ") and "\n" not in message
-    return message
 
 
 def dirs(tmp_path):
@@ -74,16 +62,16 @@ def test_iwslt_interrupted_resumed_and_rerun(tmp_path, monkeypatch):
     args = ["--raw", tmp_path / "raw", *dirs(tmp_path), "--bpe-merges", 300]
     dest, work = tmp_path / "data-bin" / "out", tmp_path / "work"
 
-    monkeypatch.setattr(iwslt, "learn_bpe", boom)
+    monkeypatch.setattr(translation, "learn_bpe", boom)
     with pytest.raises(RuntimeError):
-        run(iwslt, *args)
+        run_script(iwslt, *args)
     assert not dest.exists() and not (work / "bpe").exists()
-    assert (work / "text" / common.DONE).exists()
+    assert (work / "text" / steps.DONE).exists()
 
     # resumes after the finished text step, which must not run again
-    monkeypatch.setattr(iwslt, "learn_bpe", common.learn_bpe)
+    monkeypatch.setattr(translation, "learn_bpe", text.learn_bpe)
     monkeypatch.setattr(iwslt, "tokenize", boom)
-    run(iwslt, *args)
+    run_script(iwslt, *args)
     check_translation(dest, "de", "en", counts)
     assert (dest / "code").exists()
     train = (work / "text" / "train.en").read_text()
@@ -93,18 +81,18 @@ def test_iwslt_interrupted_resumed_and_rerun(tmp_path, monkeypatch):
 
     # a rerun has nothing to do: no fairseq-preprocess, nothing rewritten
     before = {f.name: f.stat().st_mtime_ns for f in dest.iterdir()}
-    monkeypatch.setattr(common.subprocess, "run", boom)
+    monkeypatch.setattr(steps.subprocess, "run", boom)
     start = time.perf_counter()
-    run(iwslt, *args)
+    run_script(iwslt, *args)
     assert time.perf_counter() - start < 2
     assert {f.name: f.stat().st_mtime_ns for f in dest.iterdir()} == before
 
-    assert "bpe_merges: 300 -> 100" in error_of(iwslt, *args[:-1], 100)
+    assert "bpe_merges: 300 -> 100" in script_error(iwslt, *args[:-1], 100)
 
 
 def test_iwslt_keeps_what_fairseqs_script_keeps_and_counts_it(tmp_path, capsys):
     counts = fx.write_iwslt(tmp_path / "raw")
-    run(iwslt, "--raw", tmp_path / "raw", *dirs(tmp_path), "--bpe-merges", 300)
+    run_script(iwslt, "--raw", tmp_path / "raw", *dirs(tmp_path), "--bpe-merges", 300)
     text = tmp_path / "work" / "text"
     pairs = list(zip(lines(text / "train.de") + lines(text / "valid.de"),
                      lines(text / "train.en") + lines(text / "valid.en")))
@@ -126,17 +114,17 @@ def test_a_rerun_on_other_raw_files_never_reuses_what_the_old_ones_made(tmp_path
     fx.write_iwslt(raw)
     args = ["--raw", raw, *dirs(tmp_path), "--bpe-merges", 300]
     dest, text = tmp_path / "data-bin" / "out", tmp_path / "work" / "text"
-    run(iwslt, *args)
+    run_script(iwslt, *args)
     assert "garden" in (text / "train.en").read_text()
 
     # the same talks with another word, written over the raw files
     for f in (raw / "de-en").iterdir():
         f.write_text(f.read_text().replace("garden", "orchard").replace("garten", "hof"))
-    message = error_of(iwslt, *args)  # the dest was made from the old files: refused, never kept as done
+    message = script_error(iwslt, *args)  # the dest was made from the old files: refused, never kept as done
     assert "sources: de-en/IWSLT14.TED.dev2010.de-en.de.xml" in message and "more changed" in message
 
     shutil.rmtree(dest)
-    run(iwslt, *args)
+    run_script(iwslt, *args)
     made = (text / "train.en").read_text() + (text / "valid.en").read_text()
     assert "orchard" in made and "garden" not in made
     assert "garden" not in Dictionary.load(str(dest / "dict.en.txt"))
@@ -153,7 +141,7 @@ def known_iwslt_archive(tmp_path, monkeypatch):
 
 def test_iwslt_from_archive(tmp_path, known_iwslt_archive):
     counts = fx.write_iwslt(tmp_path / "unused")
-    run(iwslt, "--raw", known_iwslt_archive.parent, *dirs(tmp_path), "--bpe-merges", 300)
+    run_script(iwslt, "--raw", known_iwslt_archive.parent, *dirs(tmp_path), "--bpe-merges", 300)
     check_translation(tmp_path / "data-bin" / "out", "de", "en", counts)
     assert (tmp_path / "work" / "extracted" / "de-en.tgz" / "de-en" / "train.tags.de-en.de").exists()
 
@@ -161,7 +149,7 @@ def test_iwslt_from_archive(tmp_path, known_iwslt_archive):
 def test_corrupt_archive_is_caught(tmp_path, known_iwslt_archive):
     data = known_iwslt_archive.read_bytes()
     known_iwslt_archive.write_bytes(data[: len(data) // 2])
-    message = error_of(iwslt, "--raw", known_iwslt_archive.parent, *dirs(tmp_path))
+    message = script_error(iwslt, "--raw", known_iwslt_archive.parent, *dirs(tmp_path))
     assert str(known_iwslt_archive) in message and "corrupt" in message and "delete it" in message
     assert not (tmp_path / "data-bin" / "out").exists()
     assert not (tmp_path / "work" / "extracted" / "de-en.tgz").exists()
@@ -170,7 +158,7 @@ def test_corrupt_archive_is_caught(tmp_path, known_iwslt_archive):
 def test_missing_raw_file_is_named(tmp_path):
     fx.write_iwslt(tmp_path / "raw")
     (tmp_path / "raw" / "de-en" / "IWSLT14.TED.tst2011.de-en.en.xml").unlink()
-    message = error_of(iwslt, "--raw", tmp_path / "raw", *dirs(tmp_path))
+    message = script_error(iwslt, "--raw", tmp_path / "raw", *dirs(tmp_path))
     assert "IWSLT14.TED.tst2011.de-en.en.xml" in message and "de-en.tgz" in message
 
 
@@ -189,7 +177,7 @@ def test_command_line_error_is_one_line(tmp_path, how):
 
 def test_wmt(tmp_path):
     counts = fx.write_wmt(tmp_path / "raw")
-    run(wmt, "--raw", tmp_path / "raw", *dirs(tmp_path), "--bpe-merges", 500, "--workers", 2)  # multiprocess
+    run_script(wmt, "--raw", tmp_path / "raw", *dirs(tmp_path), "--bpe-merges", 500, "--workers", 2)  # multiprocess
     check_translation(tmp_path / "data-bin" / "out", "en", "de", counts)
     text = tmp_path / "work" / "text"
     assert "well @-@ known" in (text / "train.en").read_text()  # aggressive hyphen splitting
@@ -201,18 +189,18 @@ def test_wmt(tmp_path):
 def test_wmt_takes_news_commentary_v12_and_says_so(tmp_path, capsys):
     raw = tmp_path / "raw"
     counts = fx.write_wmt(raw, news_commentary="v12")  # fairseq's script's default
-    run(wmt, "--raw", raw, *dirs(tmp_path), "--bpe-merges", 500)
+    run_script(wmt, "--raw", raw, *dirs(tmp_path), "--bpe-merges", 500)
     dest = tmp_path / "data-bin" / "out"
     check_translation(dest, "en", "de", counts)
-    assert json.loads((dest / common.SETTINGS_FILE).read_text())["news_commentary"] == "v12"
+    assert json.loads((dest / steps.SETTINGS_FILE).read_text())["news_commentary"] == "v12"
     err = capsys.readouterr().err
     assert "News Commentary v12 (training-parallel-nc-v12.tgz" in err
     assert f"sentence pairs: train {counts['train']}, valid {counts['valid']}, test {counts['test']} " in err
 
     fx.write_wmt(raw)  # v9 beside it: which one is meant?
-    assert "--news-commentary" in error_of(wmt, "--raw", raw, *dirs(tmp_path / "both"))
+    assert "--news-commentary" in script_error(wmt, "--raw", raw, *dirs(tmp_path / "both"))
     fx.write_wmt(tmp_path / "v12-only", news_commentary="v12")
-    assert "training-parallel-nc-v9.tgz" in error_of(wmt, "--raw", tmp_path / "v12-only", "--news-commentary", "v9",
+    assert "training-parallel-nc-v9.tgz" in script_error(wmt, "--raw", tmp_path / "v12-only", "--news-commentary", "v9",
                                                      *dirs(tmp_path / "v9"))
 
 
@@ -221,7 +209,7 @@ def test_wmt_takes_news_commentary_v12_and_says_so(tmp_path, capsys):
 
 def test_cnn_dm_stories(tmp_path):
     counts = fx.write_cnn_dm(tmp_path / "raw")
-    run(cnn, "--raw", tmp_path / "raw", *dirs(tmp_path), "--vocab-size", 200)
+    run_script(cnn, "--raw", tmp_path / "raw", *dirs(tmp_path), "--vocab-size", 200)
     dest, work = tmp_path / "data-bin" / "out", tmp_path / "work"
     for split, n in counts.items():
         assert loaded_sizes(dest, split, "source-target", ("source", "target")) == [n, n]
@@ -242,7 +230,7 @@ def test_cnn_dm_stories(tmp_path):
 
 def test_cnn_dm_line_files(tmp_path):
     counts = fx.write_cnn_dm_lines(tmp_path / "raw")
-    run(cnn, "--raw", tmp_path / "raw", *dirs(tmp_path), "--vocab-size", 200)
+    run_script(cnn, "--raw", tmp_path / "raw", *dirs(tmp_path), "--vocab-size", 200)
     for split, n in counts.items():
         assert loaded_sizes(tmp_path / "data-bin" / "out", split, "source-target", ("source", "target")) == [n, n]
     assert {len(a.split()) for a in lines(tmp_path / "work" / "text" / "train.source")} == {400}
@@ -250,7 +238,7 @@ def test_cnn_dm_line_files(tmp_path):
 
 def test_cnn_dm_counts_what_it_made(tmp_path, capfd):  # capfd: sentencepiece writes to the real stderr
     counts = fx.write_cnn_dm_lines(tmp_path / "raw")
-    run(cnn, "--raw", tmp_path / "raw", *dirs(tmp_path), "--vocab-size", 200)
+    run_script(cnn, "--raw", tmp_path / "raw", *dirs(tmp_path), "--vocab-size", 200)
     assert (f"article-summary pairs: train {counts['train']}, valid {counts['valid']}, test {counts['test']} "
             "(the official archives give: examples/cnn_dm/README.md)") in capfd.readouterr().err
 
@@ -258,9 +246,9 @@ def test_cnn_dm_counts_what_it_made(tmp_path, capfd):  # capfd: sentencepiece wr
 def test_cnn_dm_missing_files_are_named(tmp_path):
     fx.write_cnn_dm(tmp_path / "raw")
     (tmp_path / "raw" / "url_lists" / "all_val.txt").unlink()
-    assert "all_val.txt" in error_of(cnn, "--raw", tmp_path / "raw", *dirs(tmp_path))
+    assert "all_val.txt" in script_error(cnn, "--raw", tmp_path / "raw", *dirs(tmp_path))
     fx.write(tmp_path / "lines" / "train.source", ["an article"])
-    assert "train.target" in error_of(cnn, "--raw", tmp_path / "lines", *dirs(tmp_path))
+    assert "train.target" in script_error(cnn, "--raw", tmp_path / "lines", *dirs(tmp_path))
 
 
 # --------------------------------------------------- a local download server
@@ -325,14 +313,14 @@ def test_wikitext_downloaded(tmp_path, monkeypatch, server):
         return subprocess.CompletedProcess(cmd, 1)
 
     with monkeypatch.context() as m:
-        m.setattr(common.subprocess, "run", preprocess_dies_half_way)
-        assert "fairseq-preprocess failed" in error_of(wiki, *args)
+        m.setattr(steps.subprocess, "run", preprocess_dies_half_way)
+        assert "fairseq-preprocess failed" in script_error(wiki, *args)
     assert not dest.exists()
     assert (tmp_path / "work" / "downloads" / archive.name).read_bytes() == _Server.payload
 
     # the rerun neither downloads nor extracts again
-    monkeypatch.setattr(common, "extract", boom)
-    run(wiki, *args)
+    monkeypatch.setattr(downloads, "extract", boom)
+    run_script(wiki, *args)
     d = Dictionary.load(str(dest / "dict.txt"))
     for split, n in counts.items():
         assert len(data_utils.load_indexed_dataset(str(dest / split), d)) == n
@@ -342,7 +330,7 @@ def test_wikitext_downloaded(tmp_path, monkeypatch, server):
 
 def test_wikitext_counts_lines_and_tokens_as_fairseq(tmp_path, capsys):
     counts = fx.write_wikitext(tmp_path / "raw")
-    run(wiki, "--raw", tmp_path / "raw", *dirs(tmp_path))
+    run_script(wiki, "--raw", tmp_path / "raw", *dirs(tmp_path))
     tokens = {split: sum(len(line.split()) + 1 for line in lines(tmp_path / "raw" / "wikitext-103" /
                                                                  f"wiki.{split}.tokens"))
               for split in counts}
@@ -359,7 +347,7 @@ def test_wikitext_counts_lines_and_tokens_as_fairseq(tmp_path, capsys):
 def test_wikitext_missing_file_is_named(tmp_path):
     fx.write_wikitext(tmp_path / "raw")
     (tmp_path / "raw" / "wikitext-103" / "wiki.valid.tokens").unlink()
-    assert "wiki.valid.tokens" in error_of(wiki, "--raw", tmp_path / "raw", *dirs(tmp_path))
+    assert "wiki.valid.tokens" in script_error(wiki, "--raw", tmp_path / "raw", *dirs(tmp_path))
 
 
 
@@ -368,18 +356,18 @@ def test_wikitext_missing_file_is_named(tmp_path):
 
 def test_download_resumes_and_verifies(tmp_path, server):
     good = "md5:" + hashlib.md5(_Server.payload).hexdigest()
-    archive = common.Archive("a.tgz", (f"{server}/missing", f"{server}/a.tgz"), good, ("x",))
+    archive = downloads.Archive("a.tgz", (f"{server}/missing", f"{server}/a.tgz"), good, ("x",))
     (tmp_path / "a.tgz.part").write_bytes(_Server.payload[:1000])  # left by an interrupted run
-    path = common.download(archive, tmp_path)
+    path = downloads.download(archive, tmp_path)
     assert path.read_bytes() == _Server.payload and _Server.ranges == ["bytes=1000-"]
     assert not (tmp_path / "a.tgz.part").exists()
-    assert common.download(archive, tmp_path) == path and len(_Server.ranges) == 1  # there already
+    assert downloads.download(archive, tmp_path) == path and len(_Server.ranges) == 1  # there already
 
     bad = dataclasses.replace(archive, filename="b.tgz", checksum="md5:" + "0" * 32)
     with pytest.raises(SystemExit, match="downloaded b.tgz is corrupt.*rerun"):
-        common.download(bad, tmp_path)
+        downloads.download(bad, tmp_path)
     assert not (tmp_path / "b.tgz").exists() and not (tmp_path / "b.tgz.part").exists()
 
     gone = dataclasses.replace(archive, filename="c.tgz", urls=(f"{server}/missing",))
     with pytest.raises(SystemExit, match="could not download c.tgz .*404.*--raw"):
-        common.download(gone, tmp_path)
+        downloads.download(gone, tmp_path)

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import tiny_translation_model
+from helpers import DEPTHS, batch, tiny_translation_model
 from fairseq.sequence_generator import SequenceGenerator
 
 VARIANTS = {
@@ -30,20 +30,8 @@ def train_spans(model, seed=0):
         if layer.self_attn.span_mask is not None:
             mask = layer.self_attn.span_mask
             mask.span_fraction.data = torch.rand(mask.span_fraction.shape, generator=g) * 0.5 / mask.max_span * 8
-TARGET_LENGTH = 7
 SPANS = {"span shorter than target": 3, "span longer than target": 16}
-# a bug that showed only from 11 layers on got through tests at one depth
-DEPTHS = {"1 layer": 1, "3 layers": 3, "12 layers": 12}
 BASELINE = {"transformer baseline": ["--no-feedback", "--relative-positions"]}
-
-
-def batch(dictionary, rows=3, src_len=5, tgt_len=TARGET_LENGTH):
-    src = torch.randint(dictionary.nspecial, len(dictionary), (rows, src_len))
-    src[0, :2] = dictionary.pad()  # left padding, as fairseq batches sources
-    src_lengths = src.ne(dictionary.pad()).sum(1)
-    prev = torch.randint(dictionary.nspecial, len(dictionary), (rows, tgt_len))
-    prev[:, 0] = dictionary.eos()
-    return src, src_lengths, prev
 
 
 def teacher_forced(model, src, src_lengths, prev):

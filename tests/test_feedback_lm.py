@@ -6,11 +6,11 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import make_dictionary, tiny_lm
+from helpers import make_dictionary, tiny_lm
 from fairseq import search
 from fairseq.sequence_generator import SequenceGenerator
 
-from fairseq_feedback.tasks.feedback_language_modeling import SplitStream
+from fairseq_feedback.tasks.streams import SplitStream
 
 MODELS = {
     "feedback": [],

@@ -1,11 +1,11 @@
-"""data_prep.files: outputs that appear complete or not at all."""
+"""fairseq_feedback_cli.outputs: outputs that appear complete or not at all."""
 
 import os
 import stat
 
 import pytest
 
-from data_prep.files import atomic_file, atomic_folder
+from fairseq_feedback_cli.outputs import atomic_file, atomic_folder
 
 
 class Interrupted(Exception):

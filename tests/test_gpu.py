@@ -9,11 +9,9 @@ import re
 
 import pytest
 import torch
-from cli import run, run_module
-from conftest import make_dictionary, tiny_lm, tiny_translation_model
 from fairseq import search as search_module
-from test_feedback_decoder import batch
-from test_graphed_loop import assert_same_hypotheses, loss_and_gradients, search
+from helpers import (assert_same_hypotheses, batch, loss_and_gradients, make_dictionary, run, run_module, search,
+                     tiny_lm, tiny_translation_model)
 
 from fairseq_feedback.modules.cuda_graphs import GraphCache
 

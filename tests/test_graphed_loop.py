@@ -10,11 +10,9 @@ import logging
 
 import pytest
 import torch
-import torch.nn.functional as F
-from conftest import make_dictionary, tiny_lm, tiny_translation_model
 from fairseq import search as search_module
-from fairseq.sequence_generator import SequenceGenerator
-from test_feedback_decoder import DEPTHS, batch
+from helpers import (DEPTHS, assert_same_hypotheses, assert_same_loss_and_gradients, batch, loss_and_gradients,
+                     make_dictionary, search, tiny_lm, tiny_translation_model)
 
 from fairseq_feedback.errors import FeedbackUsageError
 from fairseq_feedback.modules.cuda_graphs import bucket
@@ -32,20 +30,6 @@ def test_buckets_pad_little_and_are_few():
     assert all(n <= bucket(n) < n + max(8, n / 8) for n in sizes)
     assert len({bucket(n) for n in sizes}) == 16 + 8 * 4  # multiples of 8 to 128, then 8 per doubling
 
-
-def loss_and_gradients(model, forward, target):
-    logits = forward()
-    loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), target.reshape(-1), reduction="sum")
-    loss.backward()
-    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-
-
-def assert_same(got, expected):
-    (got_loss, got_grads), (loss, grads) = got, expected
-    torch.testing.assert_close(got_loss, loss, atol=1e-5, rtol=1e-5)
-    assert got_grads.keys() == grads.keys()
-    for name in grads:
-        torch.testing.assert_close(got_grads[name], grads[name], atol=1e-5, rtol=1e-4, msg=name)
 
 
 @pytest.mark.parametrize("depth", DEPTHS.values(), ids=DEPTHS.keys())
@@ -73,7 +57,7 @@ def test_translation_at_bucketed_shapes_trains_as_the_eager_loop(flags, depth):
     model.decoder.use_cuda_graphs("emulate")
     graphed = run(accumulate=False) + run(accumulate=True)[-1:]
     for got, expected in zip(graphed, eager):
-        assert_same(got, expected)
+        assert_same_loss_and_gradients(got, expected)
     assert model.decoder.graphed.cache.captured == 2  # 8x8x8, and 8 rows x 8 x 16 source positions
 
 
@@ -93,7 +77,7 @@ def test_training_under_layerdrop_runs_eagerly_with_one_warning(caplog):
         with caplog.at_level(logging.WARNING):
             results.append(loss_and_gradients(model, lambda: model(src, src_lengths, prev)[0], target))
             results.append(loss_and_gradients(model, lambda: model(src, src_lengths, prev)[0], target))
-    assert_same(results[0], results[2])
+    assert_same_loss_and_gradients(results[0], results[2])
     trained = {name.split(".")[2] for name in results[0][1] if name.endswith("self_attn.q_proj.weight")}
     assert 0 < len(trained) < 6
     assert [r.message for r in caplog.records].count(
@@ -130,7 +114,7 @@ def test_a_stream_at_bucketed_shapes_trains_as_the_eager_loop(flags):
     model.decoder.use_cuda_graphs("emulate")
     *graphed, graphed_eval = run()
     for got, expected in zip(graphed, eager):
-        assert_same(got, expected)
+        assert_same_loss_and_gradients(got, expected)
     torch.testing.assert_close(graphed_eval, eager_eval, atol=1e-5, rtol=0)
 
 
@@ -141,30 +125,6 @@ DECODING = {
     "persistent vectors, top-layer memory": ["--persistent-vectors", "2", "--memory-composition", "top"],
 }
 SPANS = {"span shorter than the output (the ring wraps)": 3, "span longer (the memory grows)": 40}
-
-
-def search(model, d, generator_args, sample, seed=0, reorders=None):
-    """fairseq's search; `reorders` collects the rows of each reorder."""
-    torch.manual_seed(seed)
-    generator = SequenceGenerator([model], d, **generator_args)
-    if reorders is not None:
-        def reorder(state, order, reorder=model.decoder.reorder_incremental_state):
-            reorders.append(len(order))
-            reorder(state, order)
-
-        model.decoder.reorder_incremental_state = reorder
-    try:
-        return generator.generate([model], sample, prefix_tokens=sample.get("prefix_tokens"))
-    finally:
-        model.decoder.__dict__.pop("reorder_incremental_state", None)
-
-
-def assert_same_hypotheses(got, expected):
-    for got_nbest, nbest in zip(got, expected):
-        assert len(got_nbest) == len(nbest)
-        for g, e in zip(got_nbest, nbest):
-            assert torch.equal(g["tokens"], e["tokens"])
-            torch.testing.assert_close(g["positional_scores"], e["positional_scores"], atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("depth", DEPTHS.values(), ids=DEPTHS.keys())

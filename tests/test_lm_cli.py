@@ -1,42 +1,19 @@
 """The feedback LM through fairseq-train, fairseq-eval-lm, fairseq-interactive
 and the hub interface, on a tiny generated corpus."""
 
-import random
-
 import pytest
 import torch
-from cli import last_number, run, train_on_two_workers
+from helpers import LM_MODEL, last_number, preprocess_lm, run, train_on_two_workers, write_lm_corpus
 
-MODEL = [
-    "--task", "feedback_language_modeling", "--arch", "feedback_lm", "--decoder-layers", "2",
-    "--decoder-embed-dim", "32", "--decoder-ffn-embed-dim", "64", "--decoder-attention-heads", "2",
-    "--memory-span", "40", "--dropout", "0", "--no-epoch-checkpoints", "--log-format", "simple", "--cpu",
-]
 ADAM = ["--optimizer", "adam", "--lr", "3e-3"]
-
-
-def write_corpus(folder, lines):
-    folder.mkdir()
-    rng = random.Random(0)
-    for split, count in (("train", lines), ("valid", 20), ("test", 20)):
-        with open(folder / f"{split}.txt", "w") as f:
-            for _ in range(count):
-                # a counting pattern, so that context helps
-                start, length = rng.randrange(20), rng.randint(3, 9)
-                f.write(" ".join(f"w{(start + i) % 20}" for i in range(length)) + "\n")
-
-
-def preprocess(corpus, dest, *extra):
-    run("preprocess", "--only-source", "--trainpref", corpus / "train.txt", "--validpref", corpus / "valid.txt",
-        "--testpref", corpus / "test.txt", "--destdir", dest, "--workers", "1", *extra)
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     root = tmp_path_factory.mktemp("lm")
-    write_corpus(root / "corpus", 300)
-    preprocess(root / "corpus", root / "data-bin")
-    log = run("train", root / "data-bin", *MODEL, *ADAM, "--tokens-per-sample", 16, "--batch-size", 4,
+    write_lm_corpus(root / "corpus", 300)
+    preprocess_lm(root / "corpus", root / "data-bin")
+    log = run("train", root / "data-bin", *LM_MODEL, *ADAM, "--tokens-per-sample", 16, "--batch-size", 4,
               "--max-update", 60, "--save-dir", root / "checkpoints").stdout
     return root, log
 
@@ -55,7 +32,7 @@ def test_eval_lm_carries_memory_so_the_block_length_does_not_matter(trained):
     for block in (16, 128):
         out = run("eval_lm", root / "data-bin", "--task", "feedback_language_modeling", "--path",
                   root / "checkpoints" / "checkpoint_last.pt", "--tokens-per-sample", block, "--batch-size", 2,
-                  "--gen-subset", "test", "--cpu").stderr
+                  "--gen-subset", "test", "--cpu").stdout
         assert f"Evaluated {test_tokens} tokens" in out
         results.append(last_number(r"Loss \(base 2\): ([\d.]+)", out))
     assert results[0] == results[1]
@@ -78,7 +55,7 @@ def test_resumed_training_continues_the_streams(trained, tmp_path):
     root, _ = trained
     (tmp_path / "checkpoint_last.pt").write_bytes((root / "checkpoints" / "checkpoint_last.pt").read_bytes())
     saved = torch.load(tmp_path / "checkpoint_last.pt")["extra_state"]["train_iterator"]
-    log = run("train", root / "data-bin", *MODEL, *ADAM, "--tokens-per-sample", 16, "--batch-size", 4,
+    log = run("train", root / "data-bin", *LM_MODEL, *ADAM, "--tokens-per-sample", 16, "--batch-size", 4,
               "--max-update", 65, "--save-dir", tmp_path).stdout
     assert "@ 60 updates" in log
     resumed = torch.load(tmp_path / "checkpoint_last.pt")["extra_state"]["train_iterator"]
@@ -87,7 +64,7 @@ def test_resumed_training_continues_the_streams(trained, tmp_path):
 
 def test_two_workers_train_to_the_parameters_of_one_worker_with_both_workers_streams(trained, tmp_path):
     root, _ = trained
-    common = [root / "data-bin", *MODEL, "--optimizer", "sgd", "--lr", "0.5", "--tokens-per-sample", 16,
+    common = [root / "data-bin", *LM_MODEL, "--optimizer", "sgd", "--lr", "0.5", "--tokens-per-sample", 16,
               "--max-update", 5, "--ddp-backend", "legacy_ddp"]
     run("train", *common, "--batch-size", 4, "--save-dir", tmp_path / "one")
     log = train_on_two_workers(*common, "--batch-size", 2, "--save-dir", tmp_path / "two")
@@ -114,7 +91,7 @@ def test_block_longer_than_the_model_allows_is_one_line(trained, tmp_path):
     root, _ = trained
     absolute = ["--relative-positions", "False", "--no-token-positional-embeddings", "False",
                 "--max-target-positions", 32]
-    run("train", root / "data-bin", *MODEL, *ADAM, *absolute, "--tokens-per-sample", 16, "--batch-size", 2,
+    run("train", root / "data-bin", *LM_MODEL, *ADAM, *absolute, "--tokens-per-sample", 16, "--batch-size", 2,
         "--max-update", 1, "--save-dir", tmp_path)
     proc = run("eval_lm", root / "data-bin", "--task", "feedback_language_modeling", "--path",
                tmp_path / "checkpoint_last.pt", "--tokens-per-sample", 64, "--cpu", check=False)
@@ -122,7 +99,7 @@ def test_block_longer_than_the_model_allows_is_one_line(trained, tmp_path):
 
 
 def test_labels_that_do_not_align_are_one_line(tmp_path):
-    write_corpus(tmp_path / "corpus", 30)
+    write_lm_corpus(tmp_path / "corpus", 30)
     labels = tmp_path / "labels"
     labels.mkdir()
     for split in ("train", "valid", "test"):
@@ -131,9 +108,9 @@ def test_labels_that_do_not_align_are_one_line(tmp_path):
         if split == "train":
             aligned[4] += " x"  # one label too many on line 5
         (labels / f"{split}.txt").write_text("\n".join(aligned) + "\n")
-    preprocess(tmp_path / "corpus", tmp_path / "data-bin")
-    preprocess(labels, tmp_path / "data-bin" / "labels")
-    proc = run("train", tmp_path / "data-bin", *MODEL, *ADAM, "--labels", "labels", "--tokens-per-sample", 16,
+    preprocess_lm(tmp_path / "corpus", tmp_path / "data-bin")
+    preprocess_lm(labels, tmp_path / "data-bin" / "labels")
+    proc = run("train", tmp_path / "data-bin", *LM_MODEL, *ADAM, "--labels", "labels", "--tokens-per-sample", 16,
                "--batch-size", 2, "--max-update", 1, "--save-dir", tmp_path / "checkpoints", check=False)
     assert last_line(proc).startswith(f"error: labels {tmp_path / 'data-bin' / 'labels' / 'train'} do not align "
                                       f"with {tmp_path / 'data-bin' / 'train'} (line 5 differs)")

@@ -6,7 +6,7 @@ import re
 
 import pytest
 import torch
-from conftest import make_dictionary, tiny_lm, tiny_translation_model
+from helpers import make_dictionary, tiny_lm, tiny_translation_model
 
 from fairseq_feedback.errors import FeedbackUsageError
 from fairseq_feedback.modules.adaptive_span import AdaptiveSpanMask

@@ -8,7 +8,7 @@ import sys
 
 import torch
 
-from conftest import REPO
+from helpers import REPO
 
 
 def errors_section():

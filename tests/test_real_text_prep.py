@@ -17,11 +17,11 @@ import pytest
 from fairseq.data import Dictionary, data_utils
 
 import data_prep_fixtures as fx
+from helpers import run_script, script_error
 from data_prep import prepare_debian_de_en as de_en
 from data_prep import prepare_debian_docs as docs
-from data_prep.common import moses
+from data_prep.text import moses
 from data_prep.debian import normalized
-from test_data_prep import error_of, run
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -49,7 +49,7 @@ def de_en_raw(tmp_path_factory):
 
 def test_de_en_pairs_cleaned_deduplicated_and_split_by_source_package(tmp_path, de_en_raw, capsys):
     raw, expected = de_en_raw
-    run(de_en, "--raw", raw, *dirs(tmp_path), "--bpe-merges", 100)
+    run_script(de_en, "--raw", raw, *dirs(tmp_path), "--bpe-merges", 100)
     out = capsys.readouterr().out
     pairs = expected["pairs"]
     assert f"pairs: test {pairs['test']}, valid {pairs['valid']}, train {pairs['train']}" in out
@@ -84,7 +84,7 @@ def test_de_en_pairs_cleaned_deduplicated_and_split_by_source_package(tmp_path, 
     seen = [normalized(s) for split in ("test", "valid", "train") for s in lines(text / f"{split}.raw.en")]
     assert len(seen) == len(set(seen))  # no English sentence twice, across splits or within one
 
-    run(de_en, "--raw", raw, *dirs(tmp_path), "--bpe-merges", 100)  # a rerun has nothing to do
+    run_script(de_en, "--raw", raw, *dirs(tmp_path), "--bpe-merges", 100)  # a rerun has nothing to do
     assert "complete already" in capsys.readouterr().err
 
 
@@ -109,13 +109,13 @@ def test_de_en_bad_inputs_are_one_line_errors(tmp_path, de_en_raw):
     ]
     for i, (name, content, message) in enumerate(cases):
         case = tmp_path / str(i)
-        assert message in error_of(de_en, "--raw", broken_copy(raw, case, name, content), *dirs(case))
+        assert message in script_error(de_en, "--raw", broken_copy(raw, case, name, content), *dirs(case))
         assert not (case / "data-bin").exists()
-    assert "not a folder" in error_of(de_en, "--raw", tmp_path / "missing", *dirs(tmp_path))
+    assert "not a folder" in script_error(de_en, "--raw", tmp_path / "missing", *dirs(tmp_path))
     (tmp_path / "empty").mkdir()
-    assert "holds no .deb or .mo/.po files" in error_of(de_en, "--raw", tmp_path / "empty", *dirs(tmp_path))
+    assert "holds no .deb or .mo/.po files" in script_error(de_en, "--raw", tmp_path / "empty", *dirs(tmp_path))
     assert "--test nosuch: no input comes from it; the inputs' source packages are coreutils gimp gnucash" in \
-        error_of(de_en, "--raw", raw, *dirs(tmp_path), "--test", "nosuch")
+        script_error(de_en, "--raw", raw, *dirs(tmp_path), "--test", "nosuch")
     # the command line: one line, no traceback
     proc = subprocess.run([sys.executable, "-m", "data_prep.prepare_debian_de_en", "--raw", str(tmp_path / "empty"),
                            "--dest", str(tmp_path / "d")], cwd=REPO, capture_output=True, text=True)
@@ -166,17 +166,17 @@ def mirror(tmp_path, de_en_raw, monkeypatch):
 def test_de_en_downloads_verified_packages_from_the_release_index(tmp_path, mirror):
     url, stanzas, publish = mirror
     download = ["--mirror", url, "--release", "testing", "--test", "coreutils", "--valid", "gnumeric"]
-    assert "testing has no package nosuch" in error_of(
+    assert "testing has no package nosuch" in script_error(
         de_en, *download, "--packages", "gimp-data", "nosuch", *dirs(tmp_path))
 
     publish([s.replace("SHA256: ", "SHA256: 0") if s.startswith("Package: inkscape") else s for s in stanzas])
     fresh = tmp_path / "corrupt"
-    assert "downloaded inkscape_1.2.2-2+b1_amd64.deb is corrupt" in error_of(
+    assert "downloaded inkscape_1.2.2-2+b1_amd64.deb is corrupt" in script_error(
         de_en, *download, "--packages", "gimp-data", "inkscape", "coreutils", "gnumeric-common", *dirs(fresh))
     assert not (fresh / "data-bin").exists()
 
     publish(stanzas)
-    run(de_en, *download, "--packages", "gimp-data", "inkscape", "coreutils", "gnumeric-common", *dirs(tmp_path),
+    run_script(de_en, *download, "--packages", "gimp-data", "inkscape", "coreutils", "gnumeric-common", *dirs(tmp_path),
         "--bpe-merges", 50)
     downloads = tmp_path / "work" / "downloads"
     assert sorted(p.name.split("_")[0] for p in downloads.glob("*.deb")) == \
@@ -192,7 +192,7 @@ def test_de_en_downloads_verified_packages_from_the_release_index(tmp_path, mirr
 
 def test_docs_prose_paragraphs_split_by_page(tmp_path, capsys):
     expected = fx.write_debian_docs(tmp_path / "raw")
-    run(docs, "--raw", tmp_path / "raw", *dirs(tmp_path), "--bpe-merges", 100)
+    run_script(docs, "--raw", tmp_path / "raw", *dirs(tmp_path), "--bpe-merges", 100)
     out = capsys.readouterr().out
     counts = {s: len(p) for s, p in expected.items()}
     assert "paragraphs: " + ", ".join(f"{s} {n}" for s, n in counts.items()) in out
@@ -214,12 +214,12 @@ def test_docs_bad_inputs_are_one_line_errors(tmp_path):
     fx.deb(tmp_path / "zst", "linux-doc-6.1", "6.1-1", {})
     zst = next((tmp_path / "zst").glob("*.deb"))
     zst.write_bytes(zst.read_bytes().replace(b"data.tar.xz ", b"data.tar.zst"))
-    assert "compresses its files with zstd; unpack it with `dpkg-deb -x" in error_of(
+    assert "compresses its files with zstd; unpack it with `dpkg-deb -x" in script_error(
         docs, "--raw", tmp_path / "zst", *dirs(tmp_path))
     fx.write(tmp_path / "text" / "notes.txt", ["no pages here"])
-    assert "holds no .deb or .html/.htm files" in error_of(docs, "--raw", tmp_path / "text", *dirs(tmp_path))
+    assert "holds no .deb or .html/.htm files" in script_error(docs, "--raw", tmp_path / "text", *dirs(tmp_path))
     fx.write(tmp_path / "few" / "page.html", ["<p>One paragraph of prose is not enough for the three splits.</p>"])
-    assert "a split has no text" in error_of(docs, "--raw", tmp_path / "few", *dirs(tmp_path))
+    assert "a split has no text" in script_error(docs, "--raw", tmp_path / "few", *dirs(tmp_path))
     assert not (tmp_path / "data-bin").exists()
 
 

@@ -1,4 +1,4 @@
-"""The recipes of examples/*/README.md, run end to end, and the tools they use.
+"""The recipes of examples/*/README.md, run end to end.
 
 Every ```bash block of a recipe README is run, in order, in one bash process
 (as a user pastes them into one shell), in a fresh folder holding the raw
@@ -19,12 +19,9 @@ Tables 8 and 9 (and the batch size per update against the recipe's), by
 parsing what each README's fairseq-train calls were given.
 
 The recipes run concurrently in the background, started when the first
-test of this file runs; the tool tests run meanwhile. Their commands are
-forked by a server that imported torch and fairseq once (recipe_shims.serve),
-which saves about 3 s of CPU per command.
+test of this file runs.
 """
 
-import argparse
 import json
 import math
 import os
@@ -39,11 +36,9 @@ from typing import Callable, Dict, List
 
 import pytest
 import torch
+from helpers import PLUGIN
 
 import data_prep_fixtures as fx
-import recipe_shims
-from cli import error_lines
-from conftest import PLUGIN
 from data_prep.toy_tasks import METRICS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -227,7 +222,7 @@ class Run:
         return [c for c in calls if tool is None or c["tool"] == tool]
 
 
-def start(recipe: Recipe, root: Path, zygote: str) -> Run:
+def start(recipe: Recipe, root: Path) -> Run:
     work = root / recipe.name
     work.mkdir(parents=True)
     raw = root / f"{recipe.name}-raw"
@@ -239,8 +234,7 @@ def start(recipe: Recipe, root: Path, zygote: str) -> Run:
     env = dict(os.environ, PATH=f"{root / f'{recipe.name}-bin'}{os.pathsep}{Path(sys.executable).parent}"
                                 f"{os.pathsep}{os.environ.get('PATH', '')}",
                PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore",
-               RECIPE_OVERRIDES=json.dumps(recipe.overrides, default=str), RECIPE_CALLS=str(work / "calls.jsonl"),
-               RECIPE_ZYGOTE=zygote)
+               RECIPE_OVERRIDES=json.dumps(recipe.overrides, default=str), RECIPE_CALLS=str(work / "calls.jsonl"))
     log = work / "output.log"
     with open(log, "w") as out:
         proc = subprocess.Popen(["bash", str(script)], cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT,
@@ -257,19 +251,12 @@ def runs(request, tmp_path_factory):
     if not wanted:
         yield {}
         return
-    zygote, path = recipe_shims.start_server(root / "zygote.log")
-    started = {name: start(RECIPES[name], root, path) for name in dict.fromkeys(wanted)}
+    started = {name: start(RECIPES[name], root) for name in dict.fromkeys(wanted)}
     yield started
     for run in started.values():
         if run.proc.poll() is None:
             run.proc.kill()
             run.proc.wait()
-    recipe_shims.stop_server(zygote, path)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _start_recipes_first(runs):
-    """Every test of this file starts the recipes, so the tool tests run while they do."""
 
 
 # ------------------------------------------------- checks of what the recipes ran
@@ -501,338 +488,3 @@ def test_each_recipe_readme_shows_numbers_and_data_decisions():
         text = (REPO / "examples" / name / "README.md").read_text()
         for needed in ("paper", "fairseq", "data_prep"):
             assert needed in text, f"examples/{name}/README.md does not mention {needed}"
-
-
-def test_the_script_is_the_readmes_blocks_and_stops_at_the_first_failure(tmp_path):
-    recipe = RECIPES["wmt14_en_de"]
-    script = script_of(recipe, tmp_path / "raw")
-    assert script.startswith("set -euo pipefail\n")
-    for block in bash_blocks(REPO / "examples" / recipe.name / "README.md"):
-        for line in block.splitlines():
-            if "data_prep" not in line and "extracted/test-full.tgz" not in line:
-                assert line in script
-    assert f"--raw {tmp_path / 'raw'}" in script and "rm -rf checkpoints/wmt14_en_de/feedback" in script
-    moved = Recipe("wmt14_en_de", fx.write_wmt, [("a line the README does not have", "x")], {})
-    with pytest.raises(AssertionError, match="no longer has"):
-        script_of(moved, tmp_path)
-
-
-# ---------------------------------------------------- feedback-average-checkpoints
-
-
-def _checkpoint(path: Path, seed: int, dtype=torch.float32, extra=None, **model):
-    g = torch.Generator().manual_seed(seed)
-    params = {"w": torch.randn(3, 4, generator=g).to(dtype), "b": torch.randn(4, generator=g).to(dtype),
-              "steps": torch.tensor([seed * 3 + 1]), **model}
-    state = {"args": argparse.Namespace(arch="feedback_transformer", seed=seed), "model": params,
-             "optimizer_history": [{"num_updates": seed}], "extra_state": {"epoch": seed}}
-    if extra is not None:
-        state["extra"] = extra
-    torch.save(state, path)
-    return params
-
-
-def average(*argv):
-    from fairseq_feedback import average_checkpoints
-
-    average_checkpoints.main([str(a) for a in argv])
-
-
-def error_of(fn, *argv) -> str:
-    with pytest.raises(SystemExit) as e:
-        fn(*argv)
-    message = str(e.value.code)
-    assert message.startswith("error: ") and "\n" not in message, message
-    return message
-
-
-def test_average_of_the_last_epochs_is_the_mean_of_their_parameters(tmp_path):
-    params = {e: _checkpoint(tmp_path / f"checkpoint{e}.pt", seed=e) for e in (1, 2, 3, 10)}
-    _checkpoint(tmp_path / "checkpoint_last.pt", seed=99)
-    _checkpoint(tmp_path / "checkpoint_3_300.pt", seed=98)
-    average("--inputs", tmp_path, "--num-epoch-checkpoints", 3, "--output", tmp_path / "avg.pt")
-    state = torch.load(tmp_path / "avg.pt")
-    last = [params[e] for e in (10, 3, 2)]  # by epoch number, not by name: 10 after 3
-    torch.testing.assert_close(state["model"]["w"], torch.stack([p["w"] for p in last]).mean(0))
-    torch.testing.assert_close(state["model"]["b"], torch.stack([p["b"] for p in last]).mean(0))
-    assert state["model"]["steps"].item() == (31 + 10 + 7) // 3  # integers: floor division
-    assert state["extra_state"] == {"epoch": 10} and state["args"].seed == 10  # the rest: the newest's
-    assert [p.name for p in tmp_path.iterdir() if ".tmp" in p.name] == []
-
-    average("--inputs", tmp_path, "--num-epoch-checkpoints", 2, "--checkpoint-upper-bound", 2,
-            "--output", tmp_path / "upto2.pt")
-    torch.testing.assert_close(torch.load(tmp_path / "upto2.pt")["model"]["w"], (params[1]["w"] + params[2]["w"]) / 2)
-
-
-def test_average_by_updates_and_of_named_files_and_half_precision(tmp_path):
-    a = _checkpoint(tmp_path / "checkpoint_1_100.pt", seed=1)
-    b = _checkpoint(tmp_path / "checkpoint_2_1000.pt", seed=2)
-    _checkpoint(tmp_path / "checkpoint_1_200.pt", seed=3)
-    average("--inputs", tmp_path, "--num-update-checkpoints", 2, "--output", tmp_path / "avg.pt")
-    c = torch.load(tmp_path / "checkpoint_1_200.pt")["model"]
-    torch.testing.assert_close(torch.load(tmp_path / "avg.pt")["model"]["w"], (b["w"] + c["w"]) / 2)
-
-    h1 = _checkpoint(tmp_path / "h1.pt", seed=1, dtype=torch.float16)
-    h2 = _checkpoint(tmp_path / "h2.pt", seed=2, dtype=torch.float16)
-    average("--inputs", tmp_path / "h1.pt", tmp_path / "h2.pt", "--output", tmp_path / "out" / "h.pt")
-    w = torch.load(tmp_path / "out" / "h.pt")["model"]["w"]
-    assert w.dtype == torch.float32  # as fairseq: half precision averaged into float32
-    torch.testing.assert_close(w, (h1["w"].float() + h2["w"].float()) / 2)
-    del a
-
-
-def test_average_errors_are_one_line_and_write_nothing(tmp_path):
-    out = tmp_path / "avg.pt"
-    (tmp_path / "empty").mkdir()
-    assert "found 0 checkpoint<epoch>.pt files" in error_of(
-        average, "--inputs", tmp_path / "empty", "--num-epoch-checkpoints", 10, "--output", out)
-    _checkpoint(tmp_path / "checkpoint1.pt", seed=1)
-    assert "found 1 checkpoint<epoch>.pt files in" in error_of(
-        average, "--inputs", tmp_path, "--num-epoch-checkpoints", 2, "--output", out)
-    assert "not a folder" in error_of(
-        average, "--inputs", tmp_path / "nothing-here", "--num-epoch-checkpoints", 2, "--output", out)
-    assert "is a folder" in error_of(average, "--inputs", tmp_path, "--output", out)
-    assert "not found" in error_of(average, "--inputs", tmp_path / "missing.pt", "--output", out)
-    assert "at least 1" in error_of(average, "--inputs", tmp_path, "--num-epoch-checkpoints", 0, "--output", out)
-    assert "--output" in error_of(average, "--inputs", tmp_path / "checkpoint1.pt")
-
-    _checkpoint(tmp_path / "other.pt", seed=2, extra_param=torch.zeros(2))
-    assert "other parameters" in error_of(
-        average, "--inputs", tmp_path / "checkpoint1.pt", tmp_path / "other.pt", "--output", out)
-    torch.save({"model": {"w": torch.zeros(5, 4), "b": torch.zeros(4), "steps": torch.tensor([1])}},
-               tmp_path / "shape.pt")
-    assert "has shape (5, 4)" in error_of(
-        average, "--inputs", tmp_path / "checkpoint1.pt", tmp_path / "shape.pt", "--output", out)
-    (tmp_path / "broken.pt").write_bytes(b"not a checkpoint")
-    assert "cannot read" in error_of(average, "--inputs", tmp_path / "broken.pt", "--output", out)
-    torch.save({"weights": torch.zeros(2)}, tmp_path / "plain.pt")
-    assert "not a fairseq checkpoint" in error_of(average, "--inputs", tmp_path / "plain.pt", "--output", out)
-    assert not out.exists() and not list(tmp_path.glob("*.tmp"))
-
-
-def test_the_average_gets_the_umasks_permissions(tmp_path):
-    _checkpoint(tmp_path / "a.pt", seed=1)
-    previous = os.umask(0o022)
-    try:
-        average("--inputs", tmp_path / "a.pt", "--output", tmp_path / "avg.pt")
-    finally:
-        os.umask(previous)
-    assert os.stat(tmp_path / "avg.pt").st_mode & 0o777 == 0o644  # as torch.save would have made it
-
-
-class Payload:
-    def __reduce__(self):
-        return (os.system, ("echo this checkpoint ran code",))
-
-
-def test_a_checkpoint_holding_code_is_refused_not_run(tmp_path, capfd):
-    _checkpoint(tmp_path / "evil.pt", seed=1, extra=Payload())
-    message = error_of(average, "--inputs", tmp_path / "evil.pt", "--output", tmp_path / "avg.pt")
-    assert "holds objects a fairseq checkpoint does not" in message
-    assert "ran code" not in capfd.readouterr().out
-    assert not (tmp_path / "avg.pt").exists()
-
-
-def test_a_failed_write_leaves_no_output(tmp_path, monkeypatch):
-    from fairseq_feedback import average_checkpoints
-
-    _checkpoint(tmp_path / "a.pt", seed=1)
-    (tmp_path / "avg.pt").write_bytes(b"the previous average")
-
-    def full_disk(*args, **kwargs):
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(torch, "save", full_disk)
-    assert "No space left" in error_of(average, "--inputs", tmp_path / "a.pt", "--output", tmp_path / "avg.pt")
-    assert (tmp_path / "avg.pt").read_bytes() == b"the previous average"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.pt", "avg.pt"]
-    del average_checkpoints
-
-
-# ----------------------------------------------------------------- feedback-score
-
-
-def score(*argv):
-    from fairseq_feedback import score as score_module
-
-    score_module.main([str(a) for a in argv])
-
-
-def test_compound_splitting_matches_fairseqs_perl_one_liner():
-    from fairseq_feedback.score import compound_split
-
-    # expected: perl -ple 's{(\S)-(\S)}{$1 ##AT##-##AT## $2}g', as scripts/compound_split_bleu.sh
-    cases = {
-        "a-b": "a ##AT##-##AT## b",
-        "a-b-c": "a ##AT##-##AT## b-c",
-        "well-known x - y --z a--b 3-4-5-6": "well ##AT##-##AT## known x - y - ##AT##-##AT## z "
-                                             "a ##AT##-##AT## -b 3 ##AT##-##AT## 4-5 ##AT##-##AT## 6",
-        "gut @-@ bekanntes": "gut @ ##AT##-##AT## @ bekanntes",
-        "no hyphen -": "no hyphen -",
-    }
-    for line, expected in cases.items():
-        assert compound_split(line) == expected
-
-
-def generate_output(path: Path, pairs, order=None):
-    lines = []
-    for i in order or range(len(pairs)):
-        hyp, ref = pairs[i]
-        lines += [f"S-{i}\tsource {i}", f"T-{i}\t{ref}", f"H-{i}\t-0.5\t{hyp}", f"D-{i}\t-0.5\t{hyp}",
-                  f"P-{i}\t-0.1 -0.2"]
-    path.write_text("\n".join(lines + ["Generate test with beam=5: BLEU4 = 0.00"]) + "\n")
-    return path
-
-
-def test_bleu_tokenized_and_compound_split(tmp_path, capsys):
-    import sacrebleu
-
-    pairs = [("the well-known cat sat on the mat .", "the well-known cat sat on a mat ."),
-             ("a state-of-the-art model works", "a state-of-the-art model works well")]
-    gen = generate_output(tmp_path / "gen.out", pairs, order=[1, 0])
-    score("--metric", "bleu", "--gen", gen, "--quiet")
-    tokenized = float(capsys.readouterr().out)
-    expected = sacrebleu.corpus_bleu([h for h, _ in pairs], [[r for _, r in pairs]], tokenize="none",
-                                     smooth_method="none").score
-    assert tokenized == pytest.approx(expected, abs=0.006)
-    score("--metric", "bleu-compound-split", "--gen", gen)
-    out = capsys.readouterr().out
-    split = [(h.replace("well-known", "well ##AT##-##AT## known").replace(
-        "state-of-the-art", "state ##AT##-##AT## of ##AT##-##AT## the ##AT##-##AT## art"), r) for h, r in pairs]
-    split = [(h, r.replace("well-known", "well ##AT##-##AT## known").replace(
-        "state-of-the-art", "state ##AT##-##AT## of ##AT##-##AT## the ##AT##-##AT## art")) for h, r in split]
-    expected = sacrebleu.corpus_bleu([h for h, _ in split], [[r for _, r in split]], tokenize="none",
-                                     smooth_method="none").score
-    assert float(re.search(r"BLEU = ([\d.]+)", out).group(1)) == pytest.approx(expected, abs=0.006)
-    assert "compound splitting of 2 sentences" in out and "tok:none" in out
-
-
-def test_tokenized_bleu_is_fairseqs_bleu4(tmp_path, capsys):
-    """The number fairseq-generate and fairseq-score print for tokenized text."""
-    import random
-
-    from fairseq.data import Dictionary
-    from fairseq.scoring.bleu import BleuConfig, Scorer
-
-    rng = random.Random(0)
-    words = "the a cat dog sat on mat house is small big red green".split()
-    pairs = []
-    for _ in range(50):
-        ref = [rng.choice(words) for _ in range(rng.randint(5, 15))]
-        hyp = [w if rng.random() < 0.7 else rng.choice(words) for w in ref][: len(ref) - rng.randint(0, 2)]
-        pairs.append((" ".join(hyp), " ".join(ref)))
-    d = Dictionary()
-    fairseq_bleu = Scorer(BleuConfig(pad=d.pad(), eos=d.eos(), unk=d.unk()))
-    for hyp, ref in pairs:
-        fairseq_bleu.add(d.encode_line(ref, add_if_not_exist=True), d.encode_line(hyp, add_if_not_exist=True))
-    score("--metric", "bleu", "--gen", generate_output(tmp_path / "gen.out", pairs), "--quiet")
-    assert float(capsys.readouterr().out) == pytest.approx(fairseq_bleu.score(), abs=0.006)
-
-
-def test_sacrebleu_detokenizes_and_reads_sgm_references(tmp_path, capsys):
-    gen = generate_output(tmp_path / "gen.out", [("Ein gut @-@ bekanntes Buch &quot; hier &quot; .", "x"),
-                                                 ("Es ist 3.5 % .", "y")])
-    sgm = tmp_path / "ref.sgm"
-    sgm.write_text('<refset setid="t" srclang="any" trglang="de">\n<doc sysid="ref" docid="1">\n'
-                   '<seg id="1">Ein gut-bekanntes Buch "hier".</seg>\n<seg id="2">  Es ist 3.5%. </seg>\n'
-                   "</doc>\n</refset>\n")
-    score("--metric", "sacrebleu", "--gen", gen, "--detokenize", "de", "--ref", sgm)
-    out = capsys.readouterr().out
-    assert out.startswith("BLEU = 100.00") and "tok:13a" in out
-    # without --ref, the T- lines are detokenized as the hypotheses are
-    tokenized = [("Ein gut @-@ bekanntes Buch &quot; hier &quot; .",) * 2, ("Es ist 3.5 % .",) * 2]
-    score("--metric", "sacrebleu", "--gen", generate_output(tmp_path / "t.out", tokenized), "--detokenize", "de")
-    assert capsys.readouterr().out.startswith("BLEU = 100.00")
-
-
-def test_rouge_of_a_known_pair(tmp_path, capsys):
-    hyp, ref = tmp_path / "hyp.txt", tmp_path / "ref.txt"
-    hyp.write_text("the cat sat on the mat.\n")
-    ref.write_text("the cat is on the mat.\n")
-    score("--metric", "rouge", "--hyp", hyp, "--ref", ref)
-    out = capsys.readouterr().out
-    # unigrams: 5 of 6 either way; bigrams: the cat, on the, the mat = 3 of 5; LCS: the cat on the mat
-    assert "ROUGE-1 = 83.33  ROUGE-2 = 60.00  ROUGE-L = 83.33" in out
-    # two sentences against one: summary-level ROUGE-L takes the union of the LCS of each
-    hyp.write_text("the cat sat. on the mat.\n")
-    score("--metric", "rouge", "--hyp", hyp, "--ref", ref, "--quiet")
-    assert float(capsys.readouterr().out) == pytest.approx(83.33, abs=0.01)
-
-
-def test_several_outputs_are_ranked_best_first(tmp_path, capsys):
-    good = generate_output(tmp_path / "1.0", [("a b c d e", "a b c d e"), ("f g h i", "f g h i")])
-    bad = generate_output(tmp_path / "0.6", [("a b c x e", "a b c d e"), ("f g h i", "f g h i")])
-    score("--metric", "bleu", "--gen", bad, good)
-    lines = capsys.readouterr().out.splitlines()
-    assert [line.split("\t")[1] for line in lines] == [str(good), str(bad)]
-    assert float(lines[0].split("\t")[0]) == 100.0 > float(lines[1].split("\t")[0])
-
-
-def cut(path: Path, lines: int) -> Path:
-    """What a fairseq-generate run killed after writing `lines` lines leaves."""
-    path.write_text("".join(path.read_text().splitlines(keepends=True)[:lines]))
-    return path
-
-
-def test_an_output_cut_short_is_refused_unless_a_subset_is_asked_for(tmp_path, capsys):
-    pairs = [("a b c d", "a b c d"), ("e f g h", "e f x h"), ("i j k l", "i j k l")]
-    gen = cut(generate_output(tmp_path / "gen.out", pairs, order=[1, 2, 0]), 10)  # sentences 1 and 2 only
-    message = error_of(score, "--metric", "bleu", "--gen", gen)
-    assert "closing line" in message and "--allow-subset" in message
-    score("--metric", "bleu", "--gen", gen, "--allow-subset")
-    captured = capsys.readouterr()
-    assert "of 2 sentences" in captured.out and "scoring the 2 sentences it has, of 3 or more" in captured.err
-    # and in a tuning run: the half-written output is not ranked first, the run stops naming it
-    complete = generate_output(tmp_path / "complete.out", [("a b c d", "a b c d"), ("e f g h", "e f x h"),
-                                                           ("i j k l", "i j k x")])
-    assert str(gen) in error_of(score, "--metric", "bleu", "--gen", complete, gen)
-    assert capsys.readouterr().out == ""
-
-
-def test_sentences_fairseq_left_out_are_named(tmp_path, capsys):
-    pairs = [("a b c d", "a b c d")] * 4
-    gen = generate_output(tmp_path / "gen.out", pairs, order=[0, 1, 3])  # a batch dropped: sentence 2
-    assert "none for sentences 2" in error_of(score, "--metric", "bleu", "--gen", gen)
-    # the split's size, as fairseq logs it when loading the split (in its format, or Python's when fairseq's
-    # logging set-up came too late), reveals a missing last sentence too
-    for log_line in ("2024-01-01 00:00:00 | INFO | fairseq.tasks.translation | data-bin/x test de-en 5 examples",
-                     "INFO:fairseq.tasks.translation:data-bin/x test de-en 5 examples"):
-        logged = tmp_path / "logged.out"
-        logged.write_text(log_line + "\n" + generate_output(tmp_path / "all4.out", pairs).read_text())
-        message = error_of(score, "--metric", "bleu", "--gen", logged)
-        assert "the split has 5 sentences (none for sentences 4)" in message and "--required-batch-size" in message
-        score("--metric", "bleu", "--gen", logged, "--allow-subset", "--quiet")
-        assert capsys.readouterr().out.strip() == "100.00"
-
-
-def test_score_errors_are_one_line(tmp_path):
-    gen = generate_output(tmp_path / "gen.out", [("a b", "a b"), ("c d", "c d")])
-    three = tmp_path / "three.txt"
-    three.write_text("a b\nc d\ne f\n")
-    assert "not found" in error_of(score, "--metric", "bleu", "--gen", tmp_path / "missing.out")
-    assert "has 2 hypotheses but" in error_of(score, "--metric", "bleu", "--gen", gen, "--ref", three)
-    assert "--required-batch-size-multiple 1" in error_of(score, "--metric", "bleu", "--gen", gen, "--ref", three)
-    one = tmp_path / "one.txt"
-    one.write_text("a b\n")
-    assert "has 3 lines but" in error_of(score, "--metric", "rouge", "--hyp", three, "--ref", one)
-    assert "needs --ref" in error_of(score, "--metric", "bleu", "--hyp", three)
-    assert "no hypotheses" in error_of(score, "--metric", "bleu", "--gen", three)
-    assert "invalid choice" in error_of(score, "--metric", "meteor", "--gen", gen)
-    assert "only 1 lines" in error_of(score, "--metric", "bleu", "--gen", gen, "--ref", one)
-    no_targets = tmp_path / "no-targets.out"
-    no_targets.write_text("H-0\t-1\ta b\n")
-    assert "no references" in error_of(score, "--metric", "bleu", "--gen", no_targets)
-    (tmp_path / "latin1.txt").write_bytes("caf\xe9\n".encode("latin-1"))
-    assert "not UTF-8" in error_of(score, "--metric", "bleu", "--hyp", tmp_path / "latin1.txt", "--ref", one)
-
-
-@pytest.mark.parametrize("module,argv", [
-    ("fairseq_feedback.score", ["--metric", "bleu", "--gen", "missing.out"]),
-    ("fairseq_feedback.average_checkpoints", ["--inputs", ".", "--num-epoch-checkpoints", "3", "--output", "a.pt"]),
-])
-def test_command_line_errors_are_one_line_without_traceback(tmp_path, module, argv):
-    proc = subprocess.run([sys.executable, "-m", module, *argv], cwd=tmp_path, capture_output=True, text=True,
-                          env=dict(os.environ, PYTHONPATH=str(REPO), PYTHONWARNINGS="ignore"))
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
-    assert len(error_lines(proc)) == 1 and error_lines(proc)[0].startswith("error: "), proc.stderr
-    assert not (tmp_path / "a.pt").exists()

@@ -10,18 +10,15 @@ import sys
 
 import pytest
 import torch
-from cli import ENV, PLUGIN, error_lines, last_number, run, train_on_two_workers
-from test_lm_cli import MODEL as LM
-from test_lm_cli import preprocess as preprocess_lm
-from test_lm_cli import write_corpus as write_lm_corpus
-from test_translation_cli import MODEL, preprocess
+from helpers import (ENV, LM_MODEL, PLUGIN, TRANSLATION_MODEL, error_lines, last_number, preprocess_lm,
+                     preprocess_translation, run, train_on_two_workers, write_lm_corpus)
 
 from data_prep.synthetic_translation import write_corpus
 
 # SGD and no dropout: parameters of two runs on the same batches are equal, not
 # only close (Adam rescales float noise of zero gradients into full steps)
 SGD = ["--optimizer", "sgd", "--lr", "0.5", "--disable-validation"]
-TRANSLATION = [*MODEL, *SGD, "--batch-size", 8, "--required-batch-size-multiple", 1]
+TRANSLATION = [*TRANSLATION_MODEL, *SGD, "--batch-size", 8, "--required-batch-size-multiple", 1]
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +26,7 @@ def translation_data(tmp_path_factory):
     """80 sentence pairs: 10 batches of 8 per epoch."""
     root = tmp_path_factory.mktemp("reliability")
     write_corpus(str(root / "corpus"), {"train": 80, "valid": 8, "test": 8}, vocab=12, max_len=8)
-    preprocess(root / "corpus", root / "data-bin")
+    preprocess_translation(root / "corpus", root / "data-bin")
     return root / "data-bin"
 
 
@@ -179,7 +176,7 @@ def lm_data(tmp_path_factory):
     return root / "data-bin"
 
 
-LM_TRAIN = [*LM, *SGD, "--tokens-per-sample", 16]
+LM_TRAIN = [*LM_MODEL, *SGD, "--tokens-per-sample", 16]
 
 
 def test_resumed_lm_at_an_epoch_boundary_equals_uninterrupted(lm_data, tmp_path):
@@ -249,6 +246,41 @@ def test_a_users_program_importing_the_plugin_keeps_its_traceback(tmp_path, how)
     assert proc.returncode == 1
     assert "Traceback" in proc.stderr and 'open("my-own-missing-file.txt")' in proc.stderr
     assert proc.stderr.splitlines()[-1].startswith("FileNotFoundError: [Errno 2] No such file or directory")
+
+
+NO_EFFECT = """
+import sys
+
+import torch
+from fairseq import checkpoint_utils
+from fairseq.data import data_utils
+from fairseq.distributed import utils as distributed_utils
+
+
+def state():
+    return (sys.excepthook, data_utils.batch_by_size, data_utils.load_indexed_dataset, checkpoint_utils.PathManager,
+            checkpoint_utils.load_checkpoint, checkpoint_utils.load_checkpoint_to_cpu, distributed_utils.call_main,
+            set(map(str, torch.serialization.get_safe_globals())))
+
+
+before = state()
+from fairseq_feedback.models import FeedbackTransformerModel
+
+assert state() == before, "importing the plugin changed fairseq or torch"
+hub = FeedbackTransformerModel.from_pretrained(*sys.argv[1:])
+assert state() == before, "loading through the hub left the allowlist changed"
+print(hub.translate("s1 s2 s3"))
+"""
+
+
+def test_importing_the_plugin_changes_nothing_and_the_hub_still_loads(killed_run, translation_data, tmp_path):
+    """A program of one's own that imports the plugin keeps fairseq and torch
+    as they were, and loads a checkpoint through the hub all the same."""
+    (tmp_path / "mine.py").write_text(NO_EFFECT)
+    proc = subprocess.run([sys.executable, "mine.py", killed_run, "checkpoint_1_3.pt", translation_data],
+                          cwd=tmp_path, env=ENV, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() and all(word.startswith("t") for word in proc.stdout.split())
 
 
 @pytest.mark.parametrize("how", ["console script", "python -m"])

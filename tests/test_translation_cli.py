@@ -6,26 +6,12 @@ import pickle
 
 import pytest
 import torch
-from cli import last_number, run, run_module, train_on_two_workers
+from helpers import (TRANSLATION_MODEL, last_number, preprocess_translation, run, run_module,
+                     train_on_two_workers)
 
-MODEL = [
-    "--arch", "feedback_transformer", "--share-all-embeddings",
-    "--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "64", "--decoder-embed-dim", "64",
-    "--encoder-ffn-embed-dim", "128", "--decoder-ffn-embed-dim", "128",
-    "--encoder-attention-heads", "4", "--decoder-attention-heads", "4", "--dropout", "0",
-    "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
-    "--no-epoch-checkpoints", "--validate-interval", "100",
-    "--log-format", "simple", "--log-interval", "50", "--cpu", "--seed", "1",
-]
 ADAM = ["--optimizer", "adam", "--adam-betas", "(0.9,0.98)", "--lr", "5e-3", "--lr-scheduler", "inverse_sqrt",
         "--warmup-updates", "30"]
-TINY = [*MODEL, *ADAM, "--max-tokens", "1000"]
-
-
-def preprocess(corpus, dest):
-    run("preprocess", "--source-lang", "src", "--target-lang", "tgt", "--trainpref", corpus / "train",
-        "--validpref", corpus / "valid", "--testpref", corpus / "test", "--destdir", dest,
-        "--joined-dictionary", "--workers", "1")
+TINY = [*TRANSLATION_MODEL, *ADAM, "--max-tokens", "1000"]
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +19,7 @@ def trained(tmp_path_factory):
     root = tmp_path_factory.mktemp("translation")
     corpus, data, checkpoints = root / "corpus", root / "data-bin", root / "checkpoints"
     run_module("data_prep.synthetic_translation", "--out", corpus, "--train", 2000, "--vocab", 12, "--max-len", 8)
-    preprocess(corpus, data)
+    preprocess_translation(corpus, data)
     # 400 updates: at 300, whether both test sentences come out right depends on the seed
     log = run("train", data, *TINY, "--max-update", 400, "--save-dir", checkpoints).stdout
     return data, checkpoints, log
@@ -146,7 +132,7 @@ def test_missing_dictionary_is_one_line(trained, tmp_path):
 def test_checkpoint_with_another_dictionary_is_one_line(trained, tmp_path):
     _, checkpoints, _ = trained
     run_module("data_prep.synthetic_translation", "--out", tmp_path / "corpus", "--train", 50, "--vocab", 20)
-    preprocess(tmp_path / "corpus", tmp_path / "other")
+    preprocess_translation(tmp_path / "corpus", tmp_path / "other")
     proc = run("generate", tmp_path / "other", "--path", checkpoints / "checkpoint_last.pt", "--cpu", check=False)
     assert "dictionary has" in last_line(proc) and "the model was trained with" in last_line(proc)
 
@@ -167,10 +153,10 @@ def test_two_workers_train_to_the_parameters_of_one_worker_with_both_batches(tmp
     for split in ("train", "valid", "test"):
         (corpus / f"{split}.src").write_text("\n".join(lines) + "\n")
         (corpus / f"{split}.tgt").write_text("\n".join(l.replace("s", "t") for l in lines) + "\n")
-    preprocess(corpus, tmp_path / "data")
+    preprocess_translation(corpus, tmp_path / "data")
     # SGD: Adam would rescale the float noise of gradients that are zero in
     # exact arithmetic (attention key biases) into full-size steps
-    common = [tmp_path / "data", *MODEL, "--optimizer", "sgd", "--lr", "0.5", "--required-batch-size-multiple", "1",
+    common = [tmp_path / "data", *TRANSLATION_MODEL, "--optimizer", "sgd", "--lr", "0.5", "--required-batch-size-multiple", "1",
               "--max-update", "6", "--ddp-backend", "legacy_ddp"]
 
     run("train", *common, "--batch-size", 8, "--save-dir", tmp_path / "one")

@@ -213,20 +213,20 @@ logs_of() { local run; for run in "$@"; do echo "$run/train.log"; done; }
             echo "$(basename "$run"): $(head -n 1 "$run/test.bleu") |" \
                 "$(grep -ho 'in [0-9.]*s ([0-9.]* sentences/s, [0-9.]* tokens/s)' "$run/test.out")"
         done
-        python -m fairseq_feedback.curves log --out "$OUT/plots/debian_de_en.png" --metric valid_ppl \
+        python -m fairseq_feedback_cli.curves log --out "$OUT/plots/debian_de_en.png" --metric valid_ppl \
             --title "Debian de-en: validation perplexity" $(logs_of $mt)
     fi
     lm=$(runs_of "*lm*")
     if [ -n "$lm" ]; then
         echo "## language models (test perplexity, fairseq-eval-lm)"
         for run in $lm; do echo "$(basename "$run"): $(cat "$run/test.ppl")"; done
-        python -m fairseq_feedback.curves log --out "$OUT/plots/debian_docs.png" --metric valid_ppl \
+        python -m fairseq_feedback_cli.curves log --out "$OUT/plots/debian_docs.png" --metric valid_ppl \
             --title "Debian manuals: validation perplexity" $(logs_of $lm)
     fi
     toys=$(runs_of "toy/algorithmic3/*")
     if [ -n "$toys" ]; then
         echo "## Table 1, algorithmic task with 3 variables (test set)"
-        python -m fairseq_feedback.curves toy --out "$OUT/plots" $toys
+        python -m fairseq_feedback_cli.curves toy --out "$OUT/plots" $toys
     fi
 } > "$OUT/summary.md.tmp"
 mv "$OUT/summary.md.tmp" "$OUT/summary.md"

@@ -1,17 +1,16 @@
 """Options of the feedback decoders, shared by the translation model and the LM:
 their defaults and checks (one path for every architecture), and the choice
-between the feedback decoder and its Transformer baseline."""
+between the feedback decoder and its Transformer baseline. The checks of
+fairseq's own options, and of the rest of a command line, are in
+command_line.py."""
 
 from dataclasses import dataclass, field
 from typing import Optional
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
-from fairseq.models import ARCH_MODEL_REGISTRY
-from fairseq.tasks import TASK_REGISTRY
 
 from ..errors import FeedbackUsageError
 from ..modules.feedback_memory import composition_layer
-from ..tasks.adaptive_span_loss import AdaptiveSpanLossMixin
 from .feedback_decoder import FeedbackDecoder
 from .transformer_xl_decoder import TransformerXLDecoder
 
@@ -103,10 +102,9 @@ def build_decoder(cfg, dictionary, embed_tokens, no_encoder_attn=False):
 def feedback_architecture(args, fairseq_architecture, **defaults) -> None:
     """What every architecture of this plugin does: its own `defaults` (sizes,
     the paper's choices), then fairseq's architecture of the same shape, then
-    the feedback options' defaults, then one check of them all and of the
-    task they go with. Options already set (on the command line, in a
-    checkpoint) are kept. fairseq applies architectures while parsing the
-    command line, so a bad value stops it before it creates any directory."""
+    the feedback options' defaults. Options already set (on the command line,
+    in a checkpoint) are kept. They are checked before fairseq-train starts
+    (command_line.py) and as a model is built."""
     for name, value in defaults.items():
         if getattr(args, name, None) is None:
             setattr(args, name, value)
@@ -114,50 +112,22 @@ def feedback_architecture(args, fairseq_architecture, **defaults) -> None:
     for name, value in vars(FeedbackConfig()).items():
         if not name.startswith("_") and getattr(args, name, None) is None:
             setattr(args, name, value)
-    check_feedback_args(args)
-    check_task(args)
 
 
-def check_task(args) -> None:
-    """The model goes with its task (the model's check_task), checked as fairseq
-    parses the command line: before it composes its configuration, which for
-    a language model under a translation task fails on an option the model
-    takes from the task (--tokens-per-sample). Options read from a checkpoint
-    name the task of their training, or none; the model's build_model checks
-    the task that builds it."""
-    task = TASK_REGISTRY.get(getattr(args, "task", None))
-    if task is not None:
-        ARCH_MODEL_REGISTRY[args.arch].check_task(task)
-
-
-# The values each numeric option can work with. Options a model does not
-# have (the encoder's, for the language model) or leaves unset are skipped.
-AT_LEAST_1 = (lambda v: v >= 1, "at least 1")
-AT_LEAST_0 = (lambda v: v >= 0, "at least 0")
-ABOVE_0 = (lambda v: v > 0, "greater than 0")
-PROBABILITY = (lambda v: 0 <= v < 1, "in [0, 1)")  # dropout of 1 would zero every activation
-FRACTION = (lambda v: 0 <= v <= 1, "in [0, 1]")
+# The values each numeric option above can work with (unset: skipped)
 RANGES = {
-    **dict.fromkeys(("memory_span", "head_dim", "adaptive_span_ramp", "max_source_positions", "max_target_positions",
-                     "decoder_layers", "decoder_embed_dim", "decoder_input_dim", "decoder_output_dim",
-                     "decoder_ffn_embed_dim", "decoder_attention_heads", "encoder_embed_dim",
-                     "encoder_ffn_embed_dim", "encoder_attention_heads", "character_embedding_dim",
-                     "quant_noise_pq_block_size"), AT_LEAST_1),
-    **dict.fromkeys(("encoder_layers", "persistent_vectors", "adaptive_span_loss", "char_embedder_highway_layers"),
-                    AT_LEAST_0),
-    **dict.fromkeys(("adaptive_input_factor", "adaptive_softmax_factor"), ABOVE_0),
-    **dict.fromkeys(("dropout", "attention_dropout", "activation_dropout", "relu_dropout", "adaptive_softmax_dropout",
-                     "encoder_layerdrop", "decoder_layerdrop", "quant_noise_pq", "quant_noise_scalar"), PROBABILITY),
-    "adaptive_span_init": FRACTION,
+    **dict.fromkeys(("memory_span", "head_dim", "adaptive_span_ramp"), (lambda v: v >= 1, "at least 1")),
+    **dict.fromkeys(("persistent_vectors", "adaptive_span_loss"), (lambda v: v >= 0, "at least 0")),
+    "adaptive_span_init": (lambda v: 0 <= v <= 1, "in [0, 1]"),
 }
 # fairseq options these decoders do not implement, and the value that turns each off
 UNSUPPORTED = {"checkpoint_activations": False, "base_layers": 0}
 
 
 def check_feedback_args(args) -> None:
-    """One-line errors for option values the models cannot use."""
+    """One-line errors for option values the decoders cannot use."""
     for name, (valid, bound) in RANGES.items():
-        value = _number(getattr(args, name, None))
+        value = getattr(args, name, None)
         if value is not None and not valid(value):
             raise FeedbackUsageError(f"--{name.replace('_', '-')} must be {bound}, got {value}")
     for name, off in UNSUPPORTED.items():
@@ -168,18 +138,6 @@ def check_feedback_args(args) -> None:
     if args.adaptive_span_loss and not args.adaptive_span:
         raise FeedbackUsageError("--adaptive-span-loss is the loss of learned spans: add --adaptive-span, "
                                  "or drop --adaptive-span-loss")
-
-
-def _number(value):
-    """An option's number; None if it has none yet (unset, or an interpolation
-    of another option's value). fairseq's parser leaves the options it fills
-    by interpolation, such as --decoder-output-dim, as strings."""
-    if isinstance(value, str):
-        try:
-            return float(value) if any(c in value for c in ".eE") else int(value)
-        except ValueError:
-            return None
-    return value if isinstance(value, (int, float)) else None
 
 
 def check_heads(args) -> None:
@@ -201,29 +159,3 @@ def check_heads(args) -> None:
     if not args.head_dim:
         raise FeedbackUsageError(f"--decoder-embed-dim {dim} is not divisible by --decoder-attention-heads {heads}: "
                                  "change one, or set --head-dim")
-
-
-def check_training(cfg, task) -> None:
-    """fairseq-train's command line for a feedback model, before it starts
-    (checks.py): the model's options, and what training needs of the task (a
-    class): learned spans need their loss added and their values kept in
-    range, which only this plugin's tasks do."""
-    check_feedback_args(cfg.model)
-    if cfg.model.adaptive_span and not issubclass(task, AdaptiveSpanLossMixin):
-        raise FeedbackUsageError("--adaptive-span is trained by this plugin's tasks, which add --adaptive-span-loss "
-                                 "and keep the spans in range: use --task feedback_translation "
-                                 "(feedback_language_modeling for a language model), or drop --adaptive-span")
-
-
-def check_dictionary_sizes(model, state_dict) -> None:
-    """A checkpoint read with other dictionaries fails in load_state_dict with
-    a wall of size mismatches; say what is wrong instead."""
-    own = model.state_dict()
-    for name in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "decoder.output_projection.weight"):
-        if name in state_dict and name in own and state_dict[name].size(0) != own[name].size(0):
-            side = "source" if name.startswith("encoder") else "target"
-            raise FeedbackUsageError(
-                f"the checkpoint's {side} dictionary has {state_dict[name].size(0)} symbols but the data's has "
-                f"{own[name].size(0)}: use the data directory (dict.*.txt) the model was trained with"
-            )
-

@@ -11,7 +11,7 @@ import ast
 from dataclasses import dataclass, field
 from typing import Dict
 
-from fairseq.models import ARCH_CONFIG_REGISTRY, register_model, register_model_architecture
+from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer_lm import (
     DEFAULT_MAX_TARGET_POSITIONS,
     TransformerLanguageModel,
@@ -19,22 +19,13 @@ from fairseq.models.transformer_lm import (
     base_lm_architecture,
 )
 from fairseq.modules import AdaptiveInput, CharacterTokenEmbedder
-from fairseq.tasks.language_modeling import LanguageModelingTask
 from omegaconf import II
 from torch import Tensor
 
+from ..command_line import check_model_and_task
 from ..errors import FeedbackUsageError
-from ..tasks.feedback_language_modeling import check_block
-from .feedback_config import (
-    FeedbackConfig,
-    build_decoder,
-    check_dictionary_sizes,
-    check_feedback_args,
-    check_task,
-    check_training,
-    decoder_config,
-    feedback_architecture,
-)
+from .feedback_config import FeedbackConfig, build_decoder, check_feedback_args, decoder_config, feedback_architecture
+from .plugin_model import PluginModel
 
 
 def _boolean(value: str) -> bool:
@@ -64,10 +55,16 @@ class FeedbackLanguageModelConfig(FeedbackConfig, TransformerLanguageModelConfig
     no_token_positional_embeddings: bool = _default("no_token_positional_embeddings", True)
     relative_positions: bool = _default("relative_positions", True)
     memory_span: int = _default("memory_span", 256)
+    # The task's, as transformer_lm takes them, with a value where the task
+    # has none: under another kind of task (a mistake) fairseq could not
+    # compose the configuration, and the mistake would end in an interpolation
+    # error rather than in the one line command_line.py gives.
+    add_bos_token: bool = _default("add_bos_token", "${oc.select:task.add_bos_token,false}")
+    tokens_per_sample: int = _default("tokens_per_sample", "${oc.select:task.tokens_per_sample,1024}")
 
 
 @register_model("feedback_lm", dataclass=FeedbackLanguageModelConfig)
-class FeedbackLanguageModel(TransformerLanguageModel):
+class FeedbackLanguageModel(PluginModel, TransformerLanguageModel):
     def __init__(self, decoder):
         super().__init__(decoder)
         # stream name -> the memory carried from its previous block; not saved
@@ -75,39 +72,19 @@ class FeedbackLanguageModel(TransformerLanguageModel):
         self.streams: Dict[str, Dict[str, Tensor]] = {}
 
     @classmethod
-    def hub_models(cls):
-        return {}
-
-    @classmethod
     def add_args(cls, parser):
-        super().add_args(parser)
         # fairseq makes a boolean option whose default is True a flag that turns
         # it off; for the paper's defaults here the flag keeps its name's meaning
-        # and an explicit value turns it off: --decoder-normalize-before False
-        handler, parser.conflict_handler = parser.conflict_handler, "resolve"
+        # and an explicit value turns it off: --decoder-normalize-before False.
+        # Added first: fairseq's options from the dataclass skip a flag that exists.
         for name in ("decoder_normalize_before", "relative_positions", "no_token_positional_embeddings"):
             parser.add_argument("--" + name.replace("_", "-"), type=_boolean, nargs="?", const=True,
                                 metavar="BOOL", help=_default(name, None).metadata["help"] + " (default: True)")
-        parser.conflict_handler = handler
-
-    @classmethod
-    def check_task(cls, task):
-        """`task`, a class."""
-        if not issubclass(task, LanguageModelingTask):
-            raise FeedbackUsageError("feedback_lm is a language model: use --task feedback_language_modeling "
-                                     "(the translation model is --arch feedback_transformer)")
-
-    @classmethod
-    def check_command_line(cls, cfg, model, task):
-        """Before fairseq-train starts (checks.py), where the options of the
-        architecture `feedback_lm` are first checked (see below)."""
-        check_training(cfg, task)
-        if not cfg.model.no_token_positional_embeddings:  # absolute positions: as many as the model has
-            check_block(cfg.task.tokens_per_sample, cfg.model.max_target_positions)
+        super().add_args(parser)
 
     @classmethod
     def build_model(cls, args, task):
-        cls.check_task(type(task))
+        check_model_and_task(cls, type(task))
         check_feedback_args(args)  # for what does not come through fairseq's tools (the hub, Python)
         if args.decoder_layers_to_keep:
             args.decoder_layers = len(args.decoder_layers_to_keep.split(","))
@@ -151,17 +128,6 @@ class FeedbackLanguageModel(TransformerLanguageModel):
             state = self.streams[stream]
         return self.decoder(src_tokens, stream_state=state, **kwargs)
 
-    def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
-        check_dictionary_sizes(self, state_dict)
-        return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
-
-
-# For a model registered with a dataclass, fairseq registers a no-op as the
-# architecture of the model's name: its defaults are the dataclass's, applied
-# after parsing. `feedback_lm` checks its task there, as every architecture of
-# this plugin does; its options, once they have their defaults, before
-# fairseq-train starts (check_command_line).
-ARCH_CONFIG_REGISTRY["feedback_lm"] = check_task
 
 # The paper's language-model choices (section 4, Table 9), on top of fairseq's
 # transformer_lm defaults; options already set are kept.

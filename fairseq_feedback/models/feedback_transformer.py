@@ -13,24 +13,15 @@ from fairseq.models.transformer import (
     transformer_iwslt_de_en,
     transformer_vaswani_wmt_en_de_big,
 )
-from fairseq.tasks.language_modeling import LanguageModelingTask
 
+from ..command_line import check_model_and_task
 from ..errors import FeedbackUsageError
-from .feedback_config import (
-    FeedbackConfig,
-    build_decoder,
-    check_dictionary_sizes,
-    check_training,
-    feedback_architecture,
-)
+from .feedback_config import FeedbackConfig, build_decoder, check_feedback_args, feedback_architecture
+from .plugin_model import PluginModel
 
 
 @register_model("feedback_transformer")
-class FeedbackTransformerModel(TransformerModel):
-    @classmethod
-    def hub_models(cls):
-        return {}
-
+class FeedbackTransformerModel(PluginModel, TransformerModel):
     @classmethod
     def add_args(cls, parser):
         super().add_args(parser)
@@ -42,31 +33,16 @@ class FeedbackTransformerModel(TransformerModel):
         parser.set_defaults(update_epoch_batch_itr=True)
 
     @classmethod
-    def check_task(cls, task):
-        """`task`, a class: a language-modelling task has no source side to give the encoder."""
-        if issubclass(task, LanguageModelingTask):
-            raise FeedbackUsageError("feedback_transformer is a translation model, which a language-modelling task "
-                                     "cannot train: use --task translation (or feedback_translation), or the "
-                                     "language model, --arch feedback_lm")
-
-    @classmethod
-    def check_command_line(cls, cfg, model, task):
-        check_training(cfg, task)
-
-    @classmethod
     def build_model(cls, args, task):
-        # fairseq applied the architecture (defaults and checks) before this
-        cls.check_task(type(task))
+        # fairseq applied the architecture (the defaults) before this
+        check_model_and_task(cls, type(task))
+        check_feedback_args(args)  # for what does not come through fairseq's tools (the hub, Python)
         if getattr(args, "share_all_embeddings", False) and task.source_dictionary != task.target_dictionary:
             raise FeedbackUsageError(
                 "--share-all-embeddings needs one dictionary for both sides: "
                 "binarize with fairseq-preprocess --joined-dictionary, or drop the flag"
             )
         return super().build_model(args, task)
-
-    def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
-        check_dictionary_sizes(self, state_dict)
-        return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
 
     @classmethod
     def build_decoder(cls, cfg, tgt_dict, embed_tokens):

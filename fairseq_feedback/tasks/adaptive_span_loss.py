@@ -7,7 +7,7 @@ trainer divides by `sample_size`, hence the span loss enters multiplied by it.
 
 from fairseq import metrics
 
-from ..checks import model_class
+from ..command_line import check_model_and_task, model_class
 
 
 class _WithSpanLoss:
@@ -26,18 +26,12 @@ class _WithSpanLoss:
 
 class AdaptiveSpanLossMixin:
     """For tasks of models with a FeedbackDecoder (this plugin's): refuses other
-    models (each task's `check_model`, given a model class), adds the span
-    loss to the training loss, logs it and the memory kept, and clamps the
-    spans to [0, --memory-span] after each update."""
-
-    @classmethod
-    def check_command_line(cls, cfg, model, task):
-        """Before a fairseq tool starts (checks.py); `model` is None unless it trains one."""
-        if model is not None:
-            cls.check_model(model)
+    models, adds the span loss to the training loss, logs it and the memory
+    kept, and clamps the spans to [0, --memory-span] after each update."""
 
     def build_model(self, cfg, from_checkpoint=False):
-        self.check_model(model_class(cfg))  # before fairseq's language-modelling task fails on another kind
+        # before fairseq's language-modelling task fails on another kind of model
+        check_model_and_task(model_class(cfg), type(self))
         return super().build_model(cfg, from_checkpoint)
 
     def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):

@@ -17,24 +17,19 @@ next token: at each input position, the label at that position (the paper's
 algorithmic tasks, where the input holds actions and the labels positions).
 """
 
-import logging
 import os
 from dataclasses import dataclass, field
 from typing import Optional
 
-import numpy as np
-import torch
 from fairseq import utils
-from fairseq.data import Dictionary, FairseqDataset, TokenBlockDataset, data_utils, iterators
-from fairseq.models import MODEL_REGISTRY
+from fairseq.data import Dictionary, data_utils
 from fairseq.tasks import register_task
 from fairseq.tasks.language_modeling import LanguageModelingConfig, LanguageModelingTask
 
-from ..checks import monolingual_split, training_splits
+from ..command_line import check_block, labels_dictionary, monolingual_split
 from ..errors import FeedbackUsageError
 from .adaptive_span_loss import AdaptiveSpanLossMixin
-
-logger = logging.getLogger(__name__)
+from .streams import SplitStream, StreamBatchIterator
 
 
 @dataclass
@@ -48,123 +43,9 @@ class FeedbackLanguageModelingConfig(LanguageModelingConfig):
     ignore_label: str = field(default="_", metadata={"help": "the label of positions that carry no loss"})
 
 
-# fairseq's language-modelling options that streams have no use for, and their values that mean "off"
-UNUSED = {"sample_break_mode": "none", "shorten_method": "none", "add_bos_token": False, "self_target": False,
-          "future_target": False, "past_target": False, "pad_to_fixed_length": False, "pad_to_fixed_bsz": False}
-
-
-class StreamBlockDataset(FairseqDataset):
-    """Item k is block k of each stream this worker reads, as one batch.
-
-    `streams` holds this worker's streams, each a list of blocks (fairseq's
-    TokenBlockDataset over its lines, and over its labels). Every worker takes
-    `steps` steps, the length of the longest stream of all workers, so that
-    distributed workers stay in step; a stream that has ended is padding.
-    """
-
-    def __init__(self, name, streams, steps, block, pad, no_loss=None):
-        self.name, self.streams, self.steps, self.block, self.pad, self.no_loss = name, streams, steps, block, pad, no_loss
-
-    def source_and_target(self, stream, k):
-        tokens, labels = stream
-        if labels is None:  # the input is the stream shifted right by one token
-            source, target, _ = tokens[k]
-            return source, target
-        target = labels[k].clone()
-        target[torch.isin(target, self.no_loss)] = self.pad
-        return tokens[k], target
-
-    def __len__(self):
-        return self.steps
-
-    def __getitem__(self, k):
-        sources = torch.full((len(self.streams), self.block), self.pad, dtype=torch.long)
-        targets = torch.full_like(sources, self.pad)
-        for row, stream in enumerate(self.streams):
-            if k < len(stream[0]):
-                source, target = self.source_and_target(stream, k)
-                sources[row, : len(source)] = source
-                targets[row, : len(target)] = target
-        return {"id": k, "source": sources, "target": targets}
-
-    def collater(self, samples):
-        (item,) = samples
-        k, source, target = item["id"], item["source"], item["target"]
-        return {
-            "id": torch.arange(len(source)) + k * len(source),
-            "nsentences": len(source),
-            "ntokens": int(target.ne(self.pad).sum()),  # what is scored, not what is read
-            "net_input": {
-                "src_tokens": source,
-                "src_lengths": source.ne(self.pad).sum(1),
-                "stream": self.name,
-                "block": k,
-            },
-            "target": target,
-        }
-
-    def num_tokens(self, index):
-        return len(self.streams) * self.block
-
-    def size(self, index):
-        return self.block
-
-    @property
-    def sizes(self):
-        return [self.block] * self.steps
-
-
 @register_task("feedback_language_modeling", dataclass=FeedbackLanguageModelingConfig)
 class FeedbackLanguageModelingTask(AdaptiveSpanLossMixin, LanguageModelingTask):
-    @classmethod
-    def check_model(cls, model):
-        """`model`, a class: the memory carried from block to block is feedback_lm's."""
-        if not issubclass(model, MODEL_REGISTRY["feedback_lm"]):
-            raise FeedbackUsageError("--task feedback_language_modeling carries each stream's memory from block to "
-                                     "block, which only --arch feedback_lm (and feedback_lm_*) does: use it (with "
-                                     "--no-feedback for the transformer baseline), or --task language_modeling")
-
-    @classmethod
-    def check_command_line(cls, cfg, model, task):
-        """The command line of any fairseq tool, before it starts (checks.py);
-        `model` is None unless it trains one."""
-        super().check_command_line(cfg, model, task)
-        cls.check_streams(cfg)
-        if cfg.task.labels:
-            cls.check_labels(cfg, training=model is not None)
-        elif cfg.task.ignore_label != "_":
-            raise FeedbackUsageError("--ignore-label is a label of --labels: add --labels, or drop --ignore-label")
-
-    @staticmethod
-    def check_streams(cfg):
-        """The blocks, and the batches of streams of training (and eval-lm) and validation."""
-        block = cfg.task.tokens_per_sample
-        if block < 1:
-            raise FeedbackUsageError(f"--tokens-per-sample must be at least 1, got {block}")
-        for name, off in UNUSED.items():
-            if cfg.task.get(name, off) != off:
-                raise FeedbackUsageError(f"--task feedback_language_modeling does not use {_flag(name)}: "
-                                         "its streams run across lines, block after block; drop the option, or use "
-                                         "--task language_modeling")
-        for rows_name, tokens_name in (("batch_size", "max_tokens"), ("batch_size_valid", "max_tokens_valid")):
-            rows, tokens = cfg.dataset.get(rows_name), cfg.dataset.get(tokens_name)
-            if rows is not None and rows < 1:
-                raise FeedbackUsageError(f"{_flag(rows_name)} must be at least 1, got {rows}: it counts the streams "
-                                         "of a batch")
-            if tokens is not None and tokens < block:
-                raise FeedbackUsageError(f"{_flag(tokens_name)} {tokens} holds no block of --tokens-per-sample "
-                                         f"{block}: raise it, or give the streams per batch with {_flag(rows_name)}")
-
-    @staticmethod
-    def check_labels(cfg, training):
-        args = cfg.task
-        labels = Dictionary.load(labels_dictionary(args.data, args.labels))
-        if args.ignore_label != "_" and args.ignore_label not in labels:  # labels may need no `_`: all scored
-            raise FeedbackUsageError(f"--ignore-label {args.ignore_label!r} is not a label of {args.labels} (its "
-                                     "dict.txt): pass the label that marks positions without a target")
-        if training:
-            for path, split in training_splits(cfg):
-                monolingual_split(os.path.join(path, args.labels), split, cfg.dataset.dataset_impl)
+    """Its command line is checked by command_line.py (blocks, batches of streams, labels)."""
 
     @classmethod
     def setup_dictionary(cls, args, **kwargs):
@@ -231,109 +112,3 @@ class FeedbackLanguageModelingTask(AdaptiveSpanLossMixin, LanguageModelingTask):
                                        num_workers=num_workers).next_epoch_itr(shuffle=False)
 
 
-class StreamBatchIterator(iterators.EpochBatchIterator):
-    """fairseq's epoch iterator, whose state (saved in checkpoints) also holds
-    the layout of the streams: block k of one layout is other tokens than
-    block k of another, so a run resumed mid-epoch in another layout would
-    train some tokens twice and others never."""
-
-    def __init__(self, layout, **kwargs):
-        super().__init__(**kwargs)
-        self.layout = layout
-
-    def state_dict(self):
-        return {**super().state_dict(), "layout": self.layout}
-
-    def load_state_dict(self, state_dict):
-        saved, blocks = state_dict.get("layout"), state_dict.get("iterations_in_epoch", 0)
-        if blocks > 0 and saved is not None and saved != self.layout:
-            raise FeedbackUsageError(
-                f"the checkpoint stopped {blocks} blocks into epoch {state_dict['epoch']} with "
-                f"{_describe(saved)}; this run would continue in {_describe(self.layout)}, training some "
-                f"tokens twice: resume with --tokens-per-sample {saved['tokens_per_sample']} and "
-                f"{saved['streams']} streams (--batch-size x workers), or pass --reset-dataloader "
-                "to start the data over at epoch 1")
-        super().load_state_dict(state_dict)
-
-
-def _describe(layout):
-    return f"{layout['streams']} streams of {layout['tokens_per_sample']}-token blocks"
-
-
-class SplitStream(FairseqDataset):
-    """A loaded split: its lines of tokens (and of labels), before streaming."""
-
-    def __init__(self, name, tokens, labels=None):
-        self.name, self.tokens, self.labels = name, tokens, labels
-
-    def __len__(self):
-        return len(self.tokens)
-
-    @property
-    def sizes(self):
-        return self.tokens.sizes
-
-    def blocks(self, block, dictionary, output_dictionary, ignore_label, rows, num_shards, shard_id):
-        """Deals the lines into rows * num_shards contiguous streams of about
-        equal length (so a stream starts at a line, whatever the block length),
-        cuts each stream into blocks, and keeps this worker's streams."""
-        num_streams = rows * num_shards
-        cumulative = np.cumsum(self.tokens.sizes)
-        targets = np.linspace(0, cumulative[-1], num_streams + 1)[1:-1]
-        bounds = [0, *np.searchsorted(cumulative, targets, side="right").tolist(), len(self.tokens)]
-
-        def cut(lines, lo, hi, include_targets):
-            return TokenBlockDataset(_Lines(lines, lo, hi), lines.sizes[lo:hi], block, pad=dictionary.pad(),
-                                     eos=dictionary.eos(), break_mode="none", include_targets=include_targets)
-
-        def stream(s):
-            lo, hi = bounds[s], bounds[s + 1]
-            if lo == hi:  # more streams than lines
-                return (), None
-            labels = None if self.labels is None else cut(self.labels, lo, hi, False)
-            return cut(self.tokens, lo, hi, labels is None), labels
-
-        blocks_per_stream = [-(-int(self.tokens.sizes[bounds[s]:bounds[s + 1]].sum()) // block)  # ceil
-                             for s in range(num_streams)]
-        no_loss = None
-        if self.labels is not None:
-            no_loss = torch.tensor([output_dictionary.index(ignore_label), output_dictionary.eos()])
-        mine = [stream(s) for s in range(shard_id * rows, (shard_id + 1) * rows)]
-        steps = max(blocks_per_stream)
-        dataset = StreamBlockDataset(self.name, mine, steps, block, dictionary.pad(), no_loss)
-        scored = "each scored once" if self.labels is None else f"each scored once unless labelled '{ignore_label}'"
-        logger.info(f"{self.name}: {int(cumulative[-1])} tokens, {scored}, in {num_streams} streams of up to "
-                    f"{steps} blocks of {block} tokens ({rows} streams on this worker)")
-        return dataset
-
-
-def check_block(block, max_positions):
-    if max_positions is not None and block > max_positions:
-        raise FeedbackUsageError(f"--tokens-per-sample {block} is longer than the model allows ({max_positions}): "
-                                 "use shorter blocks")
-
-
-def _flag(name):
-    return "--" + name.replace("_", "-")
-
-
-def labels_dictionary(data, labels):
-    """The path of the labels' dictionary, checked."""
-    path = os.path.join(utils.split_paths(data)[0], labels, "dict.txt")
-    if not os.path.exists(path):
-        raise FeedbackUsageError(f"labels dictionary {path} not found: binarize the labels with "
-                                 f"fairseq-preprocess --only-source --destdir {os.path.dirname(path)}")
-    return path
-
-
-class _Lines:
-    """Lines lo..hi-1 of a dataset of lines."""
-
-    def __init__(self, lines, lo, hi):
-        self.lines, self.lo, self.hi = lines, lo, hi
-
-    def __len__(self):
-        return self.hi - self.lo
-
-    def __getitem__(self, i):
-        return self.lines[self.lo + i]

@@ -33,11 +33,11 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from data_prep.files import fail
-from fairseq_feedback import builders
-from fairseq_feedback.builders import make_dictionary, size_flags
 from fairseq_feedback.models.feedback_decoder import FeedbackDecoder
-from fairseq_feedback.models.graphed_loop import GraphedFeedbackLoop
+
+from . import builders
+from .builders import make_dictionary, size_flags
+from .command_line import ArgumentParser, check_at_least, fail
 
 PRESETS = {
     # the targets' settings: translation at base widths with a 6-layer decoder
@@ -329,7 +329,8 @@ def print_table(title, columns, rows, profiles):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(prog="feedback-benchmark", description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", choices=sorted(PRESETS), default="base")
     parser.add_argument("--only", choices=["translation", "lm"], help="run one of the two comparisons")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
@@ -337,14 +338,12 @@ def main(argv=None):
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32",
                         help="the models' parameters and activations (fp16: on a GPU)")
     parser.add_argument("--seed", type=int, default=1)
-    parser.error = fail  # one line; argparse's own prints the usage first
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda: no GPU is visible to torch")
+        fail("--device cuda: no GPU is visible to torch")
     if args.dtype == "fp16" and args.device == "cpu":
-        parser.error("--dtype fp16 needs --device cuda (use bf16 on the CPU)")
-    if args.threads is not None and args.threads < 1:
-        parser.error("--threads must be at least 1")
+        fail("--dtype fp16 needs --device cuda (use bf16 on the CPU)")
+    check_at_least(args, threads=1)
     if args.threads:
         torch.set_num_threads(args.threads)
     device, dtype = torch.device(args.device), DTYPES[args.dtype]

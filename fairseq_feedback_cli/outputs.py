@@ -1,21 +1,12 @@
-"""Outputs that appear complete or not at all, and the one-line error every command stops with.
-
-Here rather than in fairseq_feedback: importing any fairseq_feedback module first runs its
-__init__ (fairseq's import, about 3 s, and the plugin's set-up), which the data scripts do without.
-"""
+"""Outputs that appear complete or not at all: for the tools and the data scripts."""
 
 import contextlib
 import os
 import shutil
 from pathlib import Path
-from typing import Callable, Iterator, NoReturn, Optional, Union
+from typing import Callable, Iterator, Optional, Union
 
 PathLike = Union[str, os.PathLike]
-
-
-def fail(message: str) -> NoReturn:
-    """A mistake the user can fix: one line on stderr, exit status 1, no traceback."""
-    raise SystemExit(f"error: {message}")
 
 
 def partial_path(path: Path) -> Path:

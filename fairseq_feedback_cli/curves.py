@@ -1,7 +1,7 @@
 """Learning curves for the results page (examples/results/README.md): small PNGs and markdown rows.
 
-    python -m fairseq_feedback.curves toy --out results/ checkpoints/toy/*/*/
-    python -m fairseq_feedback.curves log --out de_en.png [--metric valid_ppl] checkpoints/debian_de_en/*/train.log
+    python -m fairseq_feedback_cli.curves toy --out results/ checkpoints/toy/*/*/
+    python -m fairseq_feedback_cli.curves log --out de_en.png [--metric valid_ppl] checkpoints/debian_de_en/*/train.log
 
 toy: each folder is one model (its name) of one task (its parent folder's
 name), holding the test.UPDATES.json files of examples/toy/README.md
@@ -16,18 +16,14 @@ Training time is fairseq's wall clock, added up over resumed runs.
 Both print one markdown row per model: its last point.
 """
 
-import argparse
 import glob
 import json
 import os
 
 from data_prep.toy_tasks import METRICS
 
+from .command_line import ArgumentParser, fail
 from .demo import plot as plot_toy
-
-
-def fail(message):
-    raise SystemExit(f"curves: error: {message}")
 
 
 def toy_runs(folders):
@@ -109,7 +105,7 @@ def as_hours(seconds):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m fairseq_feedback.curves", description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog="python -m fairseq_feedback_cli.curves", description=__doc__.split("\n\n")[0])
     parser.add_argument("kind", choices=("toy", "log"), help="toy-task evaluations, or fairseq-train json logs")
     parser.add_argument("inputs", nargs="+", help="model folders (toy) or log files (log)")
     parser.add_argument("--out", required=True, help="toy: the folder for the PNGs; log: the PNG")

@@ -1,6 +1,6 @@
 """`make demo`: the Feedback Transformer against a Transformer on a toy task.
 
-    python -m fairseq_feedback.demo --out demo     # about 6 minutes on 2 CPU cores
+    python -m fairseq_feedback_cli.demo --out demo     # about 6 minutes on 2 CPU cores
 
 Table 1's random-walk effect, small enough for a laptop: a walker on a grid
 turns left, turns right or steps forward at random, and at every action the
@@ -14,7 +14,7 @@ on 2 CPU cores (seeds 1 and 2): after 1,200 updates the feedback model names
 The demo generates the task, binarizes it with fairseq-preprocess, trains the
 feedback model and the transformer baseline of the same size with
 fairseq-train (two processes side by side, one core each), evaluates the
-checkpoints saved every 100 updates with fairseq_feedback.evaluate_toy
+checkpoints saved every 100 updates with fairseq_feedback_cli.evaluate_toy
 (Table 1's accuracy on the test episodes), prints a table, and writes into --out:
 
     results.md     the table, the configuration and the commands used
@@ -28,7 +28,6 @@ only when all of it is done: a failed or interrupted run leaves the previous
 results as they were. A folder that is not a demo's is never replaced.
 """
 
-import argparse
 import json
 import os
 import re
@@ -42,10 +41,12 @@ import time
 import torch
 
 from data_prep import toy_tasks
-from data_prep.files import atomic_folder
 
-PLUGIN = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(PLUGIN)
+from .command_line import ArgumentParser, check_at_least, fail
+from .outputs import atomic_folder
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PLUGIN = os.path.join(REPO, "fairseq_feedback")
 MARKER = ".feedback-demo"  # marks a folder this demo wrote (and may replace)
 MODELS = {"feedback": [], "transformer": ["--no-feedback"]}
 
@@ -81,10 +82,6 @@ TINY = dict(
 )
 
 
-class DemoError(Exception):
-    """A failure the demo reports in one line."""
-
-
 def log(message):
     print(message, flush=True)
 
@@ -103,7 +100,7 @@ def run_checked(cmd, log_path, env):
     with open(log_path, "w") as out:
         proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
     if proc.returncode:
-        raise DemoError(f"{shlex.join(cmd)} failed (exit {proc.returncode}); its log:\n{tail(log_path)}")
+        fail(f"{shlex.join(cmd)} failed (exit {proc.returncode}); its log:\n{tail(log_path)}")
 
 
 def tail(path, lines=15):
@@ -174,7 +171,7 @@ def train_all(folder, data, config, threads, on_done=None, poll=15.0):
             for name, proc in procs.items():
                 if name not in seconds and proc.poll() is not None:
                     if proc.returncode:
-                        raise DemoError(f"training the {name} model failed (exit {proc.returncode}): "
+                        fail(f"training the {name} model failed (exit {proc.returncode}): "
                                         f"{shlex.join(runs[name][1])}\n{tail(logs[name])}")
                     seconds[name] = time.time() - start
                     if on_done is not None:
@@ -229,7 +226,7 @@ def evaluate_model(name, save_dir, raw, data, config, keep=("checkpoint_last.pt"
     os.makedirs(predictions)
     found, _ = checkpoints(save_dir, config["eval_every"])
     if not found:
-        raise DemoError(f"the {name} run saved no checkpoint in {save_dir}")
+        fail(f"the {name} run saved no checkpoint in {save_dir}")
     for updates, path in found.items():
         result = evaluate_toy.evaluate(config["task"], data, path, split="test", raw=os.path.join(raw, "test.labels"),
                                        output=os.path.join(predictions, f"test.{updates}.txt"))
@@ -330,7 +327,7 @@ def report(folder, config, runs, results, seconds):
         "Commands:", "",
         *[f"    {shlex.join(runs[name][2])}" for name in runs], "",
         "Evaluate a checkpoint again, from this folder:", "",
-        f"    python -m fairseq_feedback.evaluate_toy --task {config['task']} --data data/bin "
+        f"    python -m fairseq_feedback_cli.evaluate_toy --task {config['task']} --data data/bin "
         f"--path feedback/checkpoint_last.pt --raw data/raw/{config['task']}/test.labels", "",
     ]
     with open(os.path.join(folder, "results.md"), "w") as f:
@@ -348,7 +345,7 @@ def report(folder, config, runs, results, seconds):
 def check_replaceable(out):
     if os.path.exists(out) and not (os.path.isdir(out) and (os.path.exists(os.path.join(out, MARKER))
                                                              or not os.listdir(out))):
-        raise DemoError(f"{out} exists and is not a folder this demo wrote: pass another --out")
+        fail(f"{out} exists and is not a folder this demo wrote: pass another --out")
 
 
 def run(out, config=CONFIG, threads=None):
@@ -383,25 +380,17 @@ def run(out, config=CONFIG, threads=None):
     return text
 
 
-def _one_line_error(message):
-    raise SystemExit(f"demo: error: {message}")
-
-
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m fairseq_feedback.demo", description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog="python -m fairseq_feedback_cli.demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="demo", help="the results folder (a previous demo's is replaced)")
     parser.add_argument("--updates", type=int, help=f"training updates (default {CONFIG['updates']})")
     parser.add_argument("--eval-every", type=int, help=f"updates between evaluations (default {CONFIG['eval_every']})")
     parser.add_argument("--seed", type=int, help=f"seed of the data and of training (default {CONFIG['seed']})")
     parser.add_argument("--threads", type=int, help="threads per training run (default: half the cores)")
     parser.add_argument("--tiny", action="store_true", help="a few updates of a tiny model: checks that it runs")
-    parser.error = _one_line_error  # argparse's would print the usage before it
     args = parser.parse_args(argv)
     # before anything is written: the seed goes to numpy (0 and up), the rest count
-    for key, lowest in (("updates", 1), ("eval_every", 1), ("threads", 1), ("seed", 0)):
-        value = getattr(args, key)
-        if value is not None and value < lowest:
-            parser.error(f"--{key.replace('_', '-')} must be at least {lowest}, got {value}")
+    check_at_least(args, updates=1, eval_every=1, threads=1, seed=0)
     config = dict(TINY if args.tiny else CONFIG)
     for key in ("updates", "eval_every", "seed"):
         if getattr(args, key) is not None:
@@ -416,10 +405,8 @@ def main(argv=None):
     signal.signal(signal.SIGTERM, terminated)
     try:
         run(args.out, config, args.threads)
-    except DemoError as e:
-        raise SystemExit(f"demo: error: {e}")
     except KeyboardInterrupt:
-        raise SystemExit("demo: interrupted; the previous results (if any) are unchanged")
+        fail("interrupted; the previous results (if any) are unchanged")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """Dictionaries and models built from command-line flags, as fairseq-train builds them.
 
 Used by feedback-benchmark and the tests, so that both measure and check the
-models exactly as fairseq's own option parsing and registries make them.
+models exactly as fairseq's own option parsing and registries make them, and
+with their options checked as fairseq-train with the plugin checks them.
 """
 
 from typing import Optional, Sequence
@@ -10,8 +11,11 @@ import torch
 from fairseq import options
 from fairseq.data import Dictionary
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+from fairseq.models import ARCH_MODEL_REGISTRY
 from fairseq.tasks import TASK_REGISTRY
 from fairseq.tasks.translation import TranslationTask
+
+from fairseq_feedback.command_line import check_model_options
 
 
 def make_dictionary(size: int) -> Dictionary:
@@ -37,6 +41,7 @@ def translation_model(arch: str, flags: Sequence, dictionary: Dictionary, seed: 
     """A model of the translation task with `dictionary` on both sides; `seed`
     seeds torch just before the weights are drawn."""
     args = _parse("translation", arch, flags)
+    check_model_options(args, ARCH_MODEL_REGISTRY[arch])
     if seed is not None:
         torch.manual_seed(seed)
     return TranslationTask(args, dictionary, dictionary).build_model(args)
@@ -47,6 +52,7 @@ def language_model(arch: str, task: str, flags: Sequence, dictionary: Dictionary
     """(model, task) of a language-modelling task; `output_dictionary` (the
     labels of feedback_language_modeling --labels) defaults to `dictionary`."""
     cfg = convert_namespace_to_omegaconf(_parse(task, arch, flags))
+    check_model_options(cfg.model, ARCH_MODEL_REGISTRY[arch])
     lm_task = TASK_REGISTRY[task](cfg.task, dictionary, output_dictionary)
     if seed is not None:
         torch.manual_seed(seed)

@@ -1,4 +1,4 @@
-"""fairseq_feedback.evaluate_toy (Table 1's accuracy from a checkpoint) and the demo's pieces."""
+"""feedback-evaluate-toy: Table 1's accuracy of a predictions file, or of a checkpoint streamed through its task."""
 
 import json
 import os
@@ -6,15 +6,10 @@ import random
 
 import pytest
 import torch
+from helpers import TOY_SIZES, error_of, run_module, train_toy_model
 
-from cli import run, run_module
 from data_prep import toy_tasks as tt
-from data_prep.files import atomic_folder
-from fairseq_feedback import demo, evaluate_toy
-
-SIZES = {"train": 24, "valid": 4, "test": 7}
-MODEL = ["--arch", "feedback_lm_toy", "--decoder-layers", "2", "--decoder-embed-dim", "16",
-         "--decoder-ffn-embed-dim", "32", "--decoder-attention-heads", "2", "--memory-span", "16", "--dropout", "0"]
+from fairseq_feedback_cli import evaluate_toy
 
 
 def read(path):
@@ -28,11 +23,7 @@ def write(path, lines):
 
 
 def main_error(*argv):
-    with pytest.raises(SystemExit) as e:
-        evaluate_toy.main([str(a) for a in argv])
-    message = str(e.value)
-    assert message.startswith("evaluate_toy: error: ") and "\n" not in message, message
-    return message
+    return error_of(evaluate_toy.main, [str(a) for a in argv])
 
 
 # --- scoring a predictions file -------------------------------------------------------------
@@ -98,29 +89,19 @@ def test_predictions_get_the_umasks_permissions(tmp_path):
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """A random walk, binarized, and a tiny feedback model trained for 3 updates."""
-    root = tmp_path_factory.mktemp("toy")
-    raw = tt.write_task(str(root / "raw"), "random_walk", 1, SIZES, grid_size=3, episode_length=12)
-    data = root / "bin"
-    for kind, dest in (("input", data), ("labels", data / "labels")):
-        run("preprocess", "--only-source", *[a for s in tt.SPLITS for a in (f"--{s}pref", f"{raw}/{s}.{kind}")],
-            "--destdir", dest)
-    run("train", data, "--task", "feedback_language_modeling", "--labels", "labels", *MODEL,
-        "--tokens-per-sample", 16, "--batch-size", 3, "--optimizer", "adam", "--lr", "1e-3", "--max-update", 3,
-        "--save-dir", root / "ckpt", "--disable-validation", "--num-workers", 0, "--no-epoch-checkpoints")
-    return raw, data, root / "ckpt" / "checkpoint_last.pt"
+    return train_toy_model(tmp_path_factory.mktemp("toy"))
 
 
 def test_evaluating_a_checkpoint_writes_aligned_predictions_and_scores_them(trained, tmp_path):
     raw, data, ckpt = trained
     out = tmp_path / "pred.txt"
-    proc = run_module("fairseq_feedback.evaluate_toy", "--task", "random_walk", "--data", data, "--path", ckpt,
+    proc = run_module("fairseq_feedback_cli.evaluate_toy", "--task", "random_walk", "--data", data, "--path", ckpt,
                       "--raw", f"{raw}/test.labels", "--output", out, "--json")
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     labels, predicted = read(f"{raw}/test.labels"), read(out)
     assert [len(line) for line in predicted] == [len(line) for line in labels]
-    assert len(predicted) == SIZES["test"]
-    assert result["updates"] == 3 and result["lines"] == SIZES["test"]
+    assert len(predicted) == TOY_SIZES["test"]
+    assert result["updates"] == 3 and result["lines"] == TOY_SIZES["test"]
     assert {k: result[k] for k in ("acc", "episode_acc")} == tt.score("random_walk", labels, predicted)
     assert [f for f in os.listdir(tmp_path) if f != "pred.txt"] == []  # no temporary file left
 
@@ -156,70 +137,3 @@ def test_a_checkpoint_with_other_data_is_one_line(trained, tmp_path):
     assert not os.path.exists(tmp_path / "p.txt")
     assert "split 'nope' not found" in main_error("--task", "random_walk", "--data", data, "--path", ckpt,
                                                   "--split", "nope")
-
-
-# --- the demo's pieces -----------------------------------------------------------------------
-
-
-def fake_results():
-    def r(updates, acc, episode):
-        return {"updates": updates, "acc": acc, "episode_acc": episode}
-
-    return {"feedback": [r(100, 0.5, 0.0), r(200, 0.9, 0.25)], "transformer": [r(100, 0.3, 0.0), r(200, 0.35, 0.0)]}
-
-
-def test_demo_table_and_plot(tmp_path):
-    text = demo.table(fake_results(), "random_walk")
-    lines = text.splitlines()
-    assert lines[0].split("|")[1:-1] == [c.rjust(len(c)) for c in lines[0].split("|")[1:-1]]
-    assert [c.strip() for c in lines[0].strip("|").split("|")] == [
-        "updates", "feedback acc", "feedback episode_acc", "transformer acc", "transformer episode_acc"]
-    assert [c.strip() for c in lines[3].strip("|").split("|")] == ["200", "90.0", "25.0", "35.0", "0.0"]
-    demo.plot(fake_results(), "random_walk", str(tmp_path / "a.png"), title="t")
-    assert (tmp_path / "a.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-
-
-def demo_folder(out, results):
-    """Builds a demo's folder as demo.run does, holding only results.md; returns where it was built."""
-    with atomic_folder(out, check=demo.check_replaceable) as new:
-        (new / demo.MARKER).write_text("")
-        (new / "results.md").write_text(results)
-    return new
-
-
-def test_demo_replaces_only_its_own_folder(tmp_path):
-    out = tmp_path / "demo"
-    for attempt in range(2):  # a fresh folder, then a previous demo's
-        new = demo_folder(out, str(attempt))
-        assert (out / "results.md").read_text() == str(attempt) and not new.exists()
-    assert sorted(os.listdir(tmp_path)) == ["demo"]  # the previous one is gone, nothing left over
-    other = tmp_path / "mine"
-    other.mkdir()
-    (other / "thesis.tex").write_text("")
-    with pytest.raises(demo.DemoError, match="not a folder this demo wrote"):
-        demo_folder(other, "new")
-    assert (other / "thesis.tex").exists()
-
-
-def test_demo_failure_leaves_the_previous_results(tmp_path, monkeypatch):
-    out = tmp_path / "demo"
-    out.mkdir()
-    (out / demo.MARKER).write_text("")
-    (out / "results.md").write_text("old")
-
-    def broken(*args, **kwargs):
-        raise demo.DemoError("training failed")
-
-    monkeypatch.setattr(demo, "train_all", broken)
-    monkeypatch.setattr(demo, "make_data", lambda folder, config, env: ("raw", "bin"))
-    with pytest.raises(demo.DemoError):
-        demo.run(str(out), demo.TINY)
-    assert sorted(os.listdir(tmp_path)) == ["demo"] and (out / "results.md").read_text() == "old"
-
-
-def test_demo_checkpoints_and_commands(trained, tmp_path):
-    _, data, ckpt = trained
-    found, final = demo.checkpoints(str(ckpt.parent), 3)
-    assert found == {3: str(ckpt)} and final == 3
-    cmd = demo.train_command(str(data), str(tmp_path), demo.CONFIG, demo.MODELS["transformer"])
-    assert "--no-feedback" in cmd and cmd[cmd.index("--max-update") + 1] == str(demo.CONFIG["updates"])

@@ -55,7 +55,8 @@ import sys
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
-from data_prep.files import fail
+from .command_line import ArgumentParser, fail
+from .sgm import segments
 
 METRICS = ("bleu", "bleu-compound-split", "sacrebleu", "rouge")
 _COMPOUND = re.compile(r"(\S)-(\S)")
@@ -66,7 +67,6 @@ _CLOSING_LINE = re.compile(r"Generate \S+ with beam=\d+: ")
 _SPLIT_SIZE = re.compile(r"fairseq\.tasks\.translation\W.* (\S+) \S+-\S+ (\d+) examples$")
 _REGENERATE = ("rerun fairseq-generate with --required-batch-size-multiple 1 (without it fairseq drops a last "
                "batch smaller than 8) and without --skip-invalid-size-inputs-valid-test")
-_SEG = re.compile(r"<seg[^>]*>(.*)</seg>")
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=\S)")
 
 
@@ -100,10 +100,9 @@ def read_references(path: str) -> List[str]:
     """One reference a line, or the <seg> lines of an .sgm/.xml test set (as sacrebleu reads them)."""
     lines = read_text(path)
     if path.lower().endswith((".sgm", ".xml")):
-        segments = [_SEG.search(line) for line in lines if "<seg" in line]
-        if not segments:
+        lines = segments(lines)
+        if not lines:
             fail(f"{path} has no <seg> lines: is it an .sgm test set?")
-        return [" ".join(m.group(1).split()) if m else "" for m in segments]
     return lines
 
 
@@ -218,8 +217,7 @@ def rouge(hyps: List[str], refs: List[str]) -> Dict[str, float]:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="feedback-score", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(prog="feedback-score", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--metric", required=True, choices=METRICS)
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--gen", metavar="FILE", nargs="+",
@@ -264,9 +262,7 @@ def evaluate(args, gen: Optional[str]):
 
 
 def main(argv: Optional[List[str]] = None) -> None:
-    p = parser()
-    p.error = lambda message: fail(f"{message} (see --help)")
-    args = p.parse_args(argv)
+    args = parser().parse_args(argv)
     try:
         if args.gen is not None and len(args.gen) > 1:
             if "-" in args.gen:

@@ -4,7 +4,7 @@
         [--split test] [--raw RAW/test.labels] [--output PRED] [--batch-size N] [--json]
     feedback-evaluate-toy --task random_walk --predictions PRED --raw RAW/test.labels
 
-(or `python -m fairseq_feedback.evaluate_toy`, without installing the package).
+(or `python -m fairseq_feedback_cli.evaluate_toy`, without installing the package).
 
 DATA is the data directory the model was trained on (fairseq-preprocess
 --only-source of the inputs, with the labels binarized into DATA/labels, or the
@@ -27,27 +27,23 @@ the binarized labels of the split. With --predictions instead of a
 checkpoint, an existing predictions file is scored against --raw.
 """
 
-import argparse
 import json
 import os
 
 import torch
 
-from data_prep.files import atomic_file
 from data_prep.toy_tasks import METRICS, NO_LOSS, score
+from fairseq_feedback.errors import one_line
+from fairseq_feedback.safe_checkpoints import allow_fairseq_checkpoints
 
-from .errors import FeedbackUsageError, _one_line
+from .command_line import ArgumentParser, check_at_least, fail
+from .outputs import atomic_file
 
 TASK = "feedback_language_modeling"
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, no usage dump
-        raise SystemExit(f"evaluate_toy: error: {message}")
-
-
 def build_parser():
-    parser = _Parser(prog="python -m fairseq_feedback.evaluate_toy", description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog="feedback-evaluate-toy", description=__doc__.split("\n\n")[0])
     parser.add_argument("--task", required=True, choices=sorted(METRICS), help="the toy task (picks the metrics)")
     parser.add_argument("--data", help="the binarized data directory the model was trained on")
     parser.add_argument("--path", help="the checkpoint")
@@ -69,10 +65,11 @@ def load(path, data, tokens_per_sample=None):
     its dictionaries read from `data`; progress: its updates and training seconds."""
     from fairseq import checkpoint_utils
 
+    allow_fairseq_checkpoints()  # the classes fairseq stores in checkpoints, and no other
     if not os.path.isfile(path):
-        raise FeedbackUsageError(f"checkpoint {path} not found: pass the .pt file fairseq-train wrote")
+        fail(f"checkpoint {path} not found: pass the .pt file fairseq-train wrote")
     if not os.path.isdir(data):
-        raise FeedbackUsageError(f"data directory {data} not found: pass the --destdir of fairseq-preprocess")
+        fail(f"data directory {data} not found: pass the --destdir of fairseq-preprocess")
     overrides = {"data": data}
     if tokens_per_sample is not None:
         overrides["tokens_per_sample"] = tokens_per_sample
@@ -80,12 +77,12 @@ def load(path, data, tokens_per_sample=None):
         state = checkpoint_utils.load_checkpoint_to_cpu(path, arg_overrides=overrides)
     except Exception as e:  # not a checkpoint at all (pickle, zip or torch's weights-only refusal)
         first = str(e).split(". ")[0].splitlines()[0] if str(e).strip() else ""
-        raise FeedbackUsageError(f"{path} is not a readable fairseq checkpoint ({type(e).__name__}: {first})")
+        fail(f"{path} is not a readable fairseq checkpoint ({type(e).__name__}: {first})")
     cfg = state.get("cfg")
     if cfg is None or cfg.get("task") is None:
-        raise FeedbackUsageError(f"{path} holds no fairseq training configuration")
+        fail(f"{path} holds no fairseq training configuration")
     if cfg.task.get("_name") != TASK or not cfg.task.get("labels"):
-        raise FeedbackUsageError(f"{path} was not trained with --task {TASK} --labels: it does not predict "
+        fail(f"{path} was not trained with --task {TASK} --labels: it does not predict "
                                  "toy-task labels")
     history = state.get("optimizer_history") or [{}]
     progress = {"updates": history[-1].get("num_updates"),
@@ -144,14 +141,14 @@ def read_labels(path, what="labels file"):
         with open(path) as f:
             return [line.split() for line in f]
     except OSError as e:
-        raise FeedbackUsageError(f"{what} {path} cannot be read: {e.strerror}")
+        fail(f"{what} {path} cannot be read: {e.strerror}")
 
 
 def write_lines(path, lines):
     """Writes token lines to `path`; the file appears complete or not at all."""
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
-        raise FeedbackUsageError(f"folder {folder} for the predictions does not exist")
+        fail(f"folder {folder} for the predictions does not exist")
     with atomic_file(path) as f:
         for line in lines:
             f.write(" ".join(line) + "\n")
@@ -165,12 +162,12 @@ def score_files(task, labels_path, predictions_path):
     """Table-1 metrics of a predictions file against a labels file, with the
     lines and scored positions counted."""
     if task not in METRICS:
-        raise FeedbackUsageError(f"unknown task {task!r}: one of {', '.join(sorted(METRICS))}")
+        fail(f"unknown task {task!r}: one of {', '.join(sorted(METRICS))}")
     labels, predicted = read_labels(labels_path), read_labels(predictions_path, "predictions file")
     try:
         metrics = score(task, labels, predicted)
     except ValueError as e:
-        raise FeedbackUsageError(f"{predictions_path} does not match {labels_path}: {e}")
+        fail(f"{predictions_path} does not match {labels_path}: {e}")
     scored = sum(l != NO_LOSS for line in labels for l in line)
     return {**metrics, "task": task, "lines": len(predicted), "scored": scored, "predictions": predictions_path}
 
@@ -181,11 +178,7 @@ def evaluate(task, data, path, split="test", raw=None, output=None, batch_size=N
     metrics, with the checkpoint's update count and training time, lines,
     scored positions and the predictions path."""
     if task not in METRICS:
-        raise FeedbackUsageError(f"unknown task {task!r}: one of {', '.join(sorted(METRICS))}")
-    if batch_size is not None and batch_size < 1:
-        raise FeedbackUsageError(f"--batch-size must be at least 1, got {batch_size}")
-    if tokens_per_sample is not None and tokens_per_sample < 1:
-        raise FeedbackUsageError(f"--tokens-per-sample must be at least 1, got {tokens_per_sample}")
+        fail(f"unknown task {task!r}: one of {', '.join(sorted(METRICS))}")
     labels = read_labels(raw) if raw else None  # before the model: a bad path fails fast
     model, fs_task, cfg, progress = load(path, data, tokens_per_sample)
     if torch.cuda.is_available() and not cpu:
@@ -200,7 +193,7 @@ def evaluate(task, data, path, split="test", raw=None, output=None, batch_size=N
     try:
         metrics = score(task, labels, predicted)
     except ValueError as e:
-        raise FeedbackUsageError(f"{against} does not match the {split} split of {data}: {e}")
+        fail(f"{against} does not match the {split} split of {data}: {e}")
     output = output or default_output(path, split)
     write_lines(output, predicted)
     scored = sum(l != NO_LOSS for line in labels for l in line)
@@ -236,6 +229,7 @@ def main(argv=None):
             parser.error("--predictions scores a file against --raw: pass --raw, and no --path")
     elif not (args.data and args.path):
         parser.error("pass --data and --path (a checkpoint), or --predictions and --raw")
+    check_at_least(args, batch_size=1, tokens_per_sample=1)
     quiet()
     try:
         if args.predictions:
@@ -243,11 +237,11 @@ def main(argv=None):
         else:
             result = evaluate(args.task, args.data, args.path, split=args.split, raw=args.raw, output=args.output,
                               batch_size=args.batch_size, tokens_per_sample=args.tokens_per_sample, cpu=args.cpu)
-    except Exception as e:  # what a user can fix is one line; anything else keeps its traceback
-        line = _one_line(e)
+    except Exception as e:  # a mistake the plugin names is one line; anything else keeps its traceback
+        line = one_line(e)
         if line is None:
             raise
-        raise SystemExit(f"evaluate_toy: error: {line}")
+        fail(line)
     print(json.dumps(result) if args.json else describe(result))
     return result
 

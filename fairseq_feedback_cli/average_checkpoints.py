@@ -15,9 +15,9 @@ with the model's parameters replaced by their mean: floating-point ones
 averaged in float64 and stored in their own type (float32 for float16 and
 bfloat16 ones, as fairseq does), integer ones floor-divided.
 
-Checkpoints are read with torch's default weights_only loading; importing
-fairseq_feedback allows exactly the classes fairseq stores, so a file holding
-anything else is refused rather than run. The output is written to
+Checkpoints are read with torch's default weights_only loading, with exactly
+the classes fairseq stores allowed (fairseq_feedback.safe_checkpoints), so a
+file holding anything else is refused rather than run. The output is written to
 OUTPUT.tmp and renamed into place, so it is never half written. Mistakes
 end with one line naming them, never a traceback.
 """
@@ -29,7 +29,8 @@ import re
 from collections import OrderedDict
 from typing import Dict, List, Optional
 
-from data_prep.files import atomic_file, fail
+from .command_line import ArgumentParser, check_at_least, fail
+from .outputs import atomic_file
 
 EPOCH = re.compile(r"checkpoint(\d+)\.pt")
 UPDATE = re.compile(r"checkpoint_\d+_(\d+)\.pt")
@@ -58,8 +59,9 @@ def last_checkpoints(folder: str, n: int, update_based: bool, upper_bound: Optio
 def load(path: str) -> dict:
     import torch
 
-    import fairseq_feedback  # noqa: F401  (allows the classes fairseq stores in checkpoints)
+    from fairseq_feedback.safe_checkpoints import allow_fairseq_checkpoints
 
+    allow_fairseq_checkpoints()  # the classes fairseq stores in checkpoints, and no other
     if not os.path.isfile(path):
         fail(f"checkpoint {path} not found")
     try:
@@ -140,7 +142,7 @@ def save(state: dict, output: str) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="feedback-average-checkpoints",
         description="Average the parameters of fairseq checkpoints (as fairseq's scripts/average_checkpoints.py).")
     p.add_argument("--inputs", nargs="+", required=True, metavar="PATH",
@@ -157,14 +159,10 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[List[str]] = None) -> None:
-    p = parser()
-    p.error = lambda message: fail(f"{message} (see --help)")  # one line, like the other errors
-    args = p.parse_args(argv)
+    args = parser().parse_args(argv)
     num = args.num_epoch_checkpoints or args.num_update_checkpoints
-    for option in ("num_epoch_checkpoints", "num_update_checkpoints", "checkpoint_upper_bound"):  # epochs, updates from 1
-        value = getattr(args, option)
-        if value is not None and value < 1:
-            fail(f"--{option.replace('_', '-')} must be at least 1, got {value}")
+    # epochs and updates count from 1
+    check_at_least(args, num_epoch_checkpoints=1, num_update_checkpoints=1, checkpoint_upper_bound=1)
     if num is not None:
         if len(args.inputs) != 1:
             fail("with --num-epoch-checkpoints or --num-update-checkpoints, --inputs takes one folder")

@@ -1,0 +1,154 @@
+"""Text, as fairseq's recipes process it: files read and written line by line, Moses tokenization
+(sacremoses), clean-corpus-n's filter of sentence pairs, joint BPE (subword-nmt), and the lines of
+each split counted."""
+
+import functools
+import itertools
+import multiprocessing
+import shutil
+from pathlib import Path
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence
+
+from tqdm import tqdm
+
+from fairseq_feedback_cli.command_line import fail
+from fairseq_feedback_cli.sgm import segments
+
+from .arguments import log
+
+
+def read_lines(path: Path) -> Iterator[str]:
+    # Split on "\n" only: some corpora hold stray "\r" or U+2028 inside a
+    # line, and splitting on those would misalign parallel files.
+    with open(path, encoding="utf-8", errors="replace", newline="\n") as f:
+        for line in f:
+            yield line.rstrip("\r\n")
+
+
+def write_lines(path: Path, lines: Iterable[str]) -> int:
+    n = 0
+    with open(path, "w", encoding="utf-8", newline="\n") as f:
+        for line in lines:
+            f.write(line + "\n")
+            n += 1
+    return n
+
+
+def pmap(fn: Callable, items: Iterable, workers: int, desc: str, total: Optional[int] = None) -> Iterator:
+    """fn over items, in order, across `workers` processes, with a progress bar."""
+    bar = functools.partial(tqdm, desc=desc, total=total, unit=" lines", mininterval=2, disable=None)
+    if workers <= 1:
+        yield from bar(map(fn, items))
+        return
+    with multiprocessing.Pool(workers) as pool:
+        yield from bar(pool.imap(fn, items, chunksize=500))
+
+
+def sgm_segments(path: Path) -> List[str]:
+    """The segments of an .sgm/.xml test set, read as feedback-score reads its references."""
+    return segments(read_lines(path))
+
+
+@functools.lru_cache(maxsize=None)
+def _moses(lang: str):
+    from sacremoses import MosesPunctNormalizer, MosesTokenizer
+
+    return MosesPunctNormalizer(lang), MosesTokenizer(lang)
+
+
+@functools.lru_cache(maxsize=None)
+def _non_printing():
+    import regex
+
+    return regex.compile(r"\p{C}")
+
+
+def moses(line: str, lang: str, normalize: bool = False, aggressive: bool = False,
+          lower: bool = False, quote: bool = False) -> str:
+    """Moses tokenization as tokenizer.perl (escaping on), plus the usual extras.
+
+    normalize: normalize-punctuation.perl then remove-non-printing-char.perl;
+    quote: the recipes' `sed "s/’/'/g"` on test sets; lower: lowercase.perl.
+    """
+    normalizer, tokenizer = _moses(lang)
+    if normalize:
+        line = _non_printing().sub(" ", normalizer.normalize(line))
+    if quote:
+        line = line.replace("\u2019", "'")
+    line = tokenizer.tokenize(line, aggressive_dash_splits=aggressive, return_str=True)
+    return line.lower() if lower else line
+
+
+def tokenize(lines: Iterable[str], workers: int, desc: str, **moses_kwargs) -> Iterator[str]:
+    return pmap(functools.partial(moses, **moses_kwargs), lines, workers, f"tokenize {desc}")
+
+
+def read_pairs(src: Path, tgt: Path) -> Iterator[tuple]:
+    """The lines of two parallel files side by side; an error if their lengths differ."""
+    end = object()
+    for s, t in itertools.zip_longest(read_lines(src), read_lines(tgt), fillvalue=end):
+        if s is end or t is end:
+            fail(f"{src} and {tgt} have different line counts, so they are not a parallel corpus")
+        yield s, t
+
+
+def clean_corpus(src: Path, tgt: Path, min_len: int, max_len: int, ratio: float) -> Iterator[tuple]:
+    """Pairs kept by Moses' clean-corpus-n.perl (-ratio `ratio`, cutoff min-max), whitespace squeezed."""
+    for s, t in read_pairs(src, tgt):
+        s = " ".join(s.replace("|", "").split())
+        t = " ".join(t.replace("|", "").split())
+        if not s or not t:
+            continue
+        ns, nt = s.count(" ") + 1, t.count(" ") + 1
+        if not (min_len <= ns <= max_len and min_len <= nt <= max_len):
+            continue
+        if ns / nt > ratio or nt / ns > ratio:
+            continue
+        if max(map(len, s.split(" "))) > 1000 or max(map(len, t.split(" "))) > 1000:
+            continue
+        yield s, t
+
+
+def learn_bpe(train_files: Sequence[Path], codes: Path, merges: int, workers: int) -> None:
+    """subword-nmt learn_bpe on the concatenation of train_files (a joint BPE, as fairseq's recipes)."""
+    from subword_nmt.learn_bpe import learn_bpe as _learn
+
+    joined = codes.with_name("bpe-train.txt")
+    with open(joined, "wb") as out:
+        for f in train_files:
+            with open(f, "rb") as inp:
+                shutil.copyfileobj(inp, out)
+    log(f"learning {merges} BPE merges on {', '.join(f.name for f in train_files)} ...")
+    with open(joined, encoding="utf-8") as inp, open(codes, "w", encoding="utf-8") as out:
+        _learn(inp, out, merges, num_workers=workers)
+    joined.unlink()
+
+
+@functools.lru_cache(maxsize=None)
+def _bpe(codes: str):
+    from subword_nmt.apply_bpe import BPE
+
+    with open(codes, encoding="utf-8") as f:
+        return BPE(f)
+
+
+def _bpe_line(line: str, codes: str) -> str:
+    return _bpe(codes).process_line(line)
+
+
+def apply_bpe(codes: Path, src: Path, dst: Path, workers: int) -> int:
+    fn = functools.partial(_bpe_line, codes=str(codes))
+    return write_lines(dst, pmap(fn, read_lines(src), workers, f"apply BPE to {src.name}"))
+
+
+
+
+def count_lines(path: Path) -> int:
+    with open(path, "rb") as f:
+        return sum(block.count(b"\n") for block in iter(lambda: f.read(1 << 20), b""))
+
+
+def log_counts(name: str, what: str, counts: Dict[str, int]) -> None:
+    """The size of each split made, to compare with fairseq's on the official archives."""
+    log(f"{what}: " + ", ".join(f"{split} {n:,}" for split, n in counts.items())
+        + f" (the official archives give: examples/{name}/README.md)")

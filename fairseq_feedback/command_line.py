@@ -1,0 +1,360 @@
+"""A fairseq tool's whole command line, checked before the tool creates anything.
+
+fairseq-train creates --save-dir as its main begins, and fairseq-generate
+its --results-path; only then do they read the data, build the model and
+load checkpoints, so a mistake found there leaves a folder behind and a
+traceback. patches.py has each tool check its command line first:
+check_tool for those that hand their configuration to
+distributed_utils.call_main (train, eval-lm, interactive, validate,
+hydra-train), check_generate for fairseq-generate. In this order:
+
+- the model with the task, both as classes (the model is None unless the
+  tool trains one, which it builds from the command line);
+- the streaming task's options: blocks, batches of streams, labels;
+- fairseq's own options at values they cannot take (sizes of zero or
+  less, probabilities outside [0, 1)): the model's, the batches',
+  generation's;
+- the decoder's options (models/feedback_config.py, beside their
+  definitions);
+- the data: the directories, a translation task's language pair, the
+  splits the tool reads (present, and not empty);
+- the checkpoints named on the command line (present, and complete).
+
+Every tool also checks a split for lines as fairseq loads it
+(check_not_empty), and the models and tasks check their pairing as they
+are built (check_model_and_task).
+"""
+
+import os
+
+from fairseq import utils
+from fairseq.data import Dictionary, data_utils, indexed_dataset
+from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY
+from fairseq.tasks import TASK_REGISTRY
+from fairseq.tasks.language_modeling import LanguageModelingTask
+from fairseq.tasks.translation import TranslationTask
+
+from .checkpoints import check_complete
+from .errors import FeedbackUsageError
+from .models.feedback_config import check_feedback_args
+
+
+def model_class(model_cfg):
+    """The class an architecture's configuration builds, as fairseq's build_model finds it (None: none)."""
+    if model_cfg is None:
+        return None
+    return ARCH_MODEL_REGISTRY.get(getattr(model_cfg, "_name", None) or getattr(model_cfg, "arch", None))
+
+
+def check_tool(cfg) -> None:
+    model = model_class(cfg.get("model"))  # only training builds a model from the command line
+    _check(cfg, model, training_splits(cfg) if model is not None else [])
+
+
+def check_generate(cfg) -> None:
+    """fairseq-generate: the model comes from --path (its parser's --arch is a
+    placeholder), and it reads --gen-subset."""
+    _check(cfg, None, [(utils.split_paths(cfg.task.data)[0], cfg.dataset.gen_subset)])
+
+
+def _check(cfg, model, reads) -> None:
+    task = TASK_REGISTRY.get(getattr(cfg.get("task"), "_name", None))
+    if model is not None and task is not None:
+        check_model_and_task(model, task)
+        check_trained_by_task(cfg.model, task)
+    if task is not None and issubclass(task, TASK_REGISTRY["feedback_language_modeling"]):
+        check_streams(cfg)
+        check_labels(cfg, training=model is not None)
+    check_fairseq_options(cfg)
+    if model is not None:
+        check_model_options(cfg.model, model)
+        check_positions(cfg, model)
+    if task is not None and cfg.task.get("data"):
+        check_data(cfg, task, reads)
+    check_checkpoints(cfg, training=model is not None)
+
+
+def _is_feedback(model) -> bool:
+    return issubclass(model, (MODEL_REGISTRY["feedback_lm"], MODEL_REGISTRY["feedback_transformer"]))
+
+
+# --- the model and the task ----------------------------------------------------------------------
+
+
+def check_model_and_task(model, task) -> None:
+    """The model goes with the task (both classes): what this plugin's models
+    and tasks need of each other, all of it in one line."""
+    language_model = issubclass(task, LanguageModelingTask)
+    problems = []
+    if issubclass(model, MODEL_REGISTRY["feedback_lm"]) and not language_model:
+        problems.append("feedback_lm is a language model: use --task feedback_language_modeling "
+                        "(the translation model is --arch feedback_transformer)")
+    if issubclass(model, MODEL_REGISTRY["feedback_transformer"]) and language_model:
+        problems.append("feedback_transformer is a translation model, which a language-modelling task cannot "
+                        "train: use --task translation (or feedback_translation), or the language model, "
+                        "--arch feedback_lm")
+    if issubclass(task, TASK_REGISTRY["feedback_language_modeling"]) and \
+            not issubclass(model, MODEL_REGISTRY["feedback_lm"]):
+        problems.append("--task feedback_language_modeling carries each stream's memory from block to block, "
+                        "which only --arch feedback_lm (and feedback_lm_*) does: use it (with --no-feedback for "
+                        "the transformer baseline), or --task language_modeling")
+    if issubclass(task, TASK_REGISTRY["feedback_translation"]) and \
+            not issubclass(model, MODEL_REGISTRY["feedback_transformer"]):
+        problems.append("--task feedback_translation adds the span loss of a feedback decoder: use --arch "
+                        "feedback_transformer (or feedback_transformer_*), or --task translation")
+    if problems:
+        raise FeedbackUsageError("; ".join(problems))
+
+
+def check_trained_by_task(model_cfg, task) -> None:
+    """Learned spans need their loss added and their values kept in range,
+    which only this plugin's tasks do."""
+    plugin_tasks = (TASK_REGISTRY["feedback_translation"], TASK_REGISTRY["feedback_language_modeling"])
+    if getattr(model_cfg, "adaptive_span", False) and not issubclass(task, plugin_tasks):
+        raise FeedbackUsageError("--adaptive-span is trained by this plugin's tasks, which add --adaptive-span-loss "
+                                 "and keep the spans in range: use --task feedback_translation "
+                                 "(feedback_language_modeling for a language model), or drop --adaptive-span")
+
+
+def check_positions(cfg, model) -> None:
+    """A feedback language model with absolute positions has as many as it has: blocks fit in them."""
+    if issubclass(model, MODEL_REGISTRY["feedback_lm"]) and not cfg.model.no_token_positional_embeddings:
+        check_block(cfg.task.tokens_per_sample, cfg.model.max_target_positions)
+
+
+def check_block(block, max_positions) -> None:
+    if max_positions is not None and block > max_positions:
+        raise FeedbackUsageError(f"--tokens-per-sample {block} is longer than the model allows ({max_positions}): "
+                                 "use shorter blocks")
+
+
+# --- the streaming task --------------------------------------------------------------------------
+
+# fairseq's language-modelling options that streams have no use for, and their values that mean "off"
+UNUSED_BY_STREAMS = {"sample_break_mode": "none", "shorten_method": "none", "add_bos_token": False,
+                     "self_target": False, "future_target": False, "past_target": False,
+                     "pad_to_fixed_length": False, "pad_to_fixed_bsz": False}
+
+
+def check_streams(cfg) -> None:
+    """The blocks, and the batches of streams of training (and eval-lm) and validation."""
+    block = cfg.task.tokens_per_sample
+    if block < 1:
+        raise FeedbackUsageError(f"--tokens-per-sample must be at least 1, got {block}")
+    for name, off in UNUSED_BY_STREAMS.items():
+        if cfg.task.get(name, off) != off:
+            raise FeedbackUsageError(f"--task feedback_language_modeling does not use {_flag(name)}: "
+                                     "its streams run across lines, block after block; drop the option, or use "
+                                     "--task language_modeling")
+    for rows_name, tokens_name in (("batch_size", "max_tokens"), ("batch_size_valid", "max_tokens_valid")):
+        rows, tokens = cfg.dataset.get(rows_name), cfg.dataset.get(tokens_name)
+        if rows is not None and rows < 1:
+            raise FeedbackUsageError(f"{_flag(rows_name)} must be at least 1, got {rows}: it counts the streams "
+                                     "of a batch")
+        if tokens is not None and tokens < block:
+            raise FeedbackUsageError(f"{_flag(tokens_name)} {tokens} holds no block of --tokens-per-sample "
+                                     f"{block}: raise it, or give the streams per batch with {_flag(rows_name)}")
+
+
+def check_labels(cfg, training: bool) -> None:
+    args = cfg.task
+    if not args.labels:
+        if args.ignore_label != "_":
+            raise FeedbackUsageError("--ignore-label is a label of --labels: add --labels, or drop --ignore-label")
+        return
+    labels = Dictionary.load(labels_dictionary(args.data, args.labels))
+    if args.ignore_label != "_" and args.ignore_label not in labels:  # labels may need no `_`: all scored
+        raise FeedbackUsageError(f"--ignore-label {args.ignore_label!r} is not a label of {args.labels} (its "
+                                 "dict.txt): pass the label that marks positions without a target")
+    if training:
+        for path, split in training_splits(cfg):
+            monolingual_split(os.path.join(path, args.labels), split, cfg.dataset.dataset_impl)
+
+
+def labels_dictionary(data, labels) -> str:
+    """The path of the labels' dictionary, checked."""
+    path = os.path.join(utils.split_paths(data)[0], labels, "dict.txt")
+    if not os.path.exists(path):
+        raise FeedbackUsageError(f"labels dictionary {path} not found: binarize the labels with "
+                                 f"fairseq-preprocess --only-source --destdir {os.path.dirname(path)}")
+    return path
+
+
+def _flag(name) -> str:
+    return "--" + name.replace("_", "-")
+
+
+# --- fairseq's own options -----------------------------------------------------------------------
+
+# The values each of fairseq's numeric options can work with. Options a
+# configuration does not have (the encoder's, for a language model; the
+# model's, for a tool that reads it from a checkpoint) or leaves unset are
+# skipped.
+AT_LEAST_1 = (lambda v: v >= 1, "at least 1")
+AT_LEAST_0 = (lambda v: v >= 0, "at least 0")
+ABOVE_0 = (lambda v: v > 0, "greater than 0")
+PROBABILITY = (lambda v: 0 <= v < 1, "in [0, 1)")  # dropout of 1 would zero every activation
+MODEL_RANGES = {
+    **dict.fromkeys(("max_source_positions", "max_target_positions", "decoder_layers", "decoder_embed_dim",
+                     "decoder_input_dim", "decoder_output_dim", "decoder_ffn_embed_dim", "decoder_attention_heads",
+                     "encoder_embed_dim", "encoder_ffn_embed_dim", "encoder_attention_heads",
+                     "character_embedding_dim", "quant_noise_pq_block_size"), AT_LEAST_1),
+    **dict.fromkeys(("encoder_layers", "char_embedder_highway_layers"), AT_LEAST_0),
+    **dict.fromkeys(("adaptive_input_factor", "adaptive_softmax_factor"), ABOVE_0),
+    **dict.fromkeys(("dropout", "attention_dropout", "activation_dropout", "relu_dropout", "adaptive_softmax_dropout",
+                     "encoder_layerdrop", "decoder_layerdrop", "quant_noise_pq", "quant_noise_scalar"), PROBABILITY),
+}
+DATASET_RANGES = {
+    **dict.fromkeys(("batch_size", "batch_size_valid", "max_tokens", "max_tokens_valid",
+                     "required_batch_size_multiple"), AT_LEAST_1),
+    "num_workers": AT_LEAST_0,
+}
+GENERATION_RANGES = {
+    **dict.fromkeys(("beam", "nbest"), AT_LEAST_1),
+    **dict.fromkeys(("max_len_a", "max_len_b", "min_len", "no_repeat_ngram_size", "prefix_size"), AT_LEAST_0),
+    "temperature": ABOVE_0,
+}
+
+
+def check_model_options(model_cfg, model) -> None:
+    """The options of a model trained (or built from options): fairseq's, then the decoder's."""
+    check_ranges(model_cfg, MODEL_RANGES)
+    if _is_feedback(model):
+        check_feedback_args(model_cfg)
+
+
+def check_fairseq_options(cfg) -> None:
+    """The batches' options, and generation's."""
+    for options, ranges in ((cfg.get("dataset"), DATASET_RANGES), (cfg.get("generation"), GENERATION_RANGES)):
+        if options is not None:
+            check_ranges(options, ranges)
+    generation = cfg.get("generation")
+    if generation is not None and generation.max_len_a == 0 and generation.max_len_b < generation.min_len:
+        raise FeedbackUsageError(f"--max-len-b {generation.max_len_b} is below --min-len {generation.min_len}: "
+                                 "no output could be that long; raise --max-len-b (or --max-len-a)")
+
+
+def check_ranges(options, ranges) -> None:
+    for name, (valid, bound) in ranges.items():
+        value = _number(getattr(options, name, None))
+        if value is not None and not valid(value):
+            raise FeedbackUsageError(f"--{name.replace('_', '-')} must be {bound}, got {value}")
+
+
+def _number(value):
+    """An option's number; None if it has none yet (unset, or an interpolation
+    of another option's value). fairseq's parser leaves the options it fills
+    by interpolation, such as --decoder-output-dim, as strings."""
+    if isinstance(value, str):
+        try:
+            return float(value) if any(c in value for c in ".eE") else int(value)
+        except ValueError:
+            return None
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+# --- the data ------------------------------------------------------------------------------------
+
+
+def check_data(cfg, task, reads) -> None:
+    """The data directories, a translation task's language pair, and the splits the tool reads."""
+    paths = utils.split_paths(cfg.task.data)
+    for path in paths:
+        if not os.path.isdir(path):
+            raise FeedbackUsageError(f"data directory {path} not found: pass the --destdir of fairseq-preprocess")
+    impl = cfg.dataset.dataset_impl
+    if issubclass(task, LanguageModelingTask):
+        for path, split in reads:
+            monolingual_split(path, split, impl)
+    elif issubclass(task, TranslationTask):
+        src, tgt = cfg.task.source_lang, cfg.task.target_lang
+        if src is None or tgt is None:
+            src, tgt = data_utils.infer_language_pair(paths[0])
+        if src is None or tgt is None:
+            raise FeedbackUsageError(f"no binarized data found in {paths[0]}: check the data directory, "
+                                     "or pass --source-lang and --target-lang")
+        for path, split in reads:
+            _bilingual_split(path, split, src, tgt, impl)
+
+
+def check_not_empty(prefix: str) -> None:
+    """A binarized split of no lines is an empty .bin (every line holds at
+    least its end-of-sentence token), which fairseq fails to read (numpy
+    cannot map an empty file)."""
+    data = indexed_dataset.data_file_path(prefix)
+    if os.path.isfile(data) and os.path.getsize(data) == 0:
+        raise FeedbackUsageError(f"{data} holds no lines (fairseq-preprocess was given an empty file): "
+                                 "binarize the split again from a file with text")
+
+
+def check_split(prefix: str, impl, missing: str) -> None:
+    """A split fairseq-preprocess wrote (PREFIX.bin and .idx), with lines; `missing` says what to do without it."""
+    if not indexed_dataset.dataset_exists(prefix, impl=impl):
+        raise FeedbackUsageError(missing)
+    check_not_empty(prefix)
+
+
+def monolingual_split(data: str, split: str, impl=None) -> str:
+    """DATA/SPLIT, checked: the layout of fairseq-preprocess --only-source."""
+    prefix = os.path.join(data, split)
+    check_split(prefix, impl, f"split '{split}' not found in {data}: expected {split}.bin and {split}.idx "
+                              "from fairseq-preprocess --only-source")
+    return prefix
+
+
+def _bilingual_split(data: str, split: str, src: str, tgt: str, impl) -> None:
+    """DATA/SPLIT.SRC-TGT.{SRC,TGT} (or TGT-SRC), as fairseq's translation task reads it."""
+    pair = next((p for p in (f"{src}-{tgt}", f"{tgt}-{src}")
+                 if indexed_dataset.dataset_exists(os.path.join(data, f"{split}.{p}.{src}"), impl=impl)), None)
+    expected = f"{split}.{src}-{tgt}.{src}.bin/.idx and {split}.{src}-{tgt}.{tgt}.bin/.idx"
+    for lang in (src, tgt):
+        check_split(os.path.join(data, f"{split}.{pair or f'{src}-{tgt}'}.{lang}"), impl,
+                    f"split '{split}' not found in {data}: expected {expected} from fairseq-preprocess")
+
+
+def training_splits(cfg):
+    """(data directory, split) of what fairseq-train reads: the training split
+    of every data directory (one per epoch, in turn) and the validation
+    splits of the first."""
+    paths = utils.split_paths(cfg.task.data)
+    valid = [] if cfg.dataset.disable_validation else cfg.dataset.valid_subset.split(",")
+    return [(path, cfg.dataset.train_subset) for path in paths] + [(paths[0], split) for split in valid]
+
+
+# --- checkpoints ---------------------------------------------------------------------------------
+
+
+def check_checkpoints(cfg, training: bool) -> None:
+    """The checkpoints a tool reads (--path) and, when training, the one it
+    starts from; and a training run has batches to make."""
+    path = cfg.get("common_eval", {}).get("path")
+    for checkpoint in utils.split_paths(path) if path else []:
+        if not os.path.isfile(checkpoint):
+            raise FeedbackUsageError(f"checkpoint {checkpoint} not found: check --path")
+        check_complete(checkpoint)
+    if training:
+        check_resumed_checkpoint(cfg)
+        if cfg.dataset.max_tokens is None and cfg.dataset.batch_size is None:
+            raise FeedbackUsageError("set a batch size with --max-tokens or --batch-size")
+
+
+def check_resumed_checkpoint(cfg) -> None:
+    """A checkpoint named with --restore-file (other than the default,
+    checkpoint_last.pt in --save-dir), which fairseq-train silently replaces
+    by a fresh model when it does not exist, or with --finetune-from-model,
+    read when --save-dir holds no checkpoint_last.pt yet."""
+    checkpoint = cfg.checkpoint
+    if cfg.distributed_training.use_sharded_state:
+        return  # one file per rank, named by fairseq-train as it runs
+    suffix = checkpoint.checkpoint_suffix or ""
+    named = {}
+    if checkpoint.restore_file != "checkpoint_last.pt":
+        named["--restore-file"] = checkpoint.restore_file.replace(".pt", suffix + ".pt")
+    elif not os.path.exists(os.path.join(checkpoint.save_dir, f"checkpoint_last{suffix}.pt")):
+        named["--finetune-from-model"] = checkpoint.finetune_from_model
+    for option, path in named.items():
+        if path is None:
+            continue
+        if not os.path.isfile(path):
+            raise FeedbackUsageError(f"{option} {path} not found: check the path")
+        check_complete(path)

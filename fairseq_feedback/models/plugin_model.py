@@ -1,0 +1,35 @@
+"""What both models of this plugin add to fairseq's (TransformerModel, TransformerLanguageModel)."""
+
+from ..errors import FeedbackUsageError
+from ..safe_checkpoints import fairseq_checkpoints_allowed
+
+
+class PluginModel:
+    @classmethod
+    def hub_models(cls):
+        return {}  # fairseq's transformers name downloads that are not feedback models
+
+    @classmethod
+    def from_pretrained(cls, *args, **kwargs):
+        """fairseq's hub, loading under torch's weights-only rule with the classes
+        fairseq stores allowed for this load alone (safe_checkpoints.py): a
+        program of one's own that imports the plugin is otherwise left as it was."""
+        with fairseq_checkpoints_allowed():
+            return super().from_pretrained(*args, **kwargs)
+
+    def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
+        check_dictionary_sizes(self, state_dict)
+        return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
+
+
+def check_dictionary_sizes(model, state_dict) -> None:
+    """A checkpoint read with other dictionaries fails in load_state_dict with
+    a wall of size mismatches; say what is wrong instead."""
+    own = model.state_dict()
+    for name in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "decoder.output_projection.weight"):
+        if name in state_dict and name in own and state_dict[name].size(0) != own[name].size(0):
+            side = "source" if name.startswith("encoder") else "target"
+            raise FeedbackUsageError(
+                f"the checkpoint's {side} dictionary has {state_dict[name].size(0)} symbols but the data's has "
+                f"{own[name].size(0)}: use the data directory (dict.*.txt) the model was trained with"
+            )

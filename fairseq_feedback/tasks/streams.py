@@ -1,0 +1,163 @@
+"""The streams of the feedback_language_modeling task: a split's lines dealt
+into contiguous streams, cut into blocks, delivered block k of every
+stream at a time, and the iterator that keeps their layout in checkpoints."""
+
+import logging
+
+import numpy as np
+import torch
+from fairseq.data import FairseqDataset, TokenBlockDataset, iterators
+
+from ..errors import FeedbackUsageError
+
+logger = logging.getLogger(__name__)
+
+
+class SplitStream(FairseqDataset):
+    """A loaded split: its lines of tokens (and of labels), before streaming."""
+
+    def __init__(self, name, tokens, labels=None):
+        self.name, self.tokens, self.labels = name, tokens, labels
+
+    def __len__(self):
+        return len(self.tokens)
+
+    @property
+    def sizes(self):
+        return self.tokens.sizes
+
+    def blocks(self, block, dictionary, output_dictionary, ignore_label, rows, num_shards, shard_id):
+        """Deals the lines into rows * num_shards contiguous streams of about
+        equal length (so a stream starts at a line, whatever the block length),
+        cuts each stream into blocks, and keeps this worker's streams."""
+        num_streams = rows * num_shards
+        cumulative = np.cumsum(self.tokens.sizes)
+        targets = np.linspace(0, cumulative[-1], num_streams + 1)[1:-1]
+        bounds = [0, *np.searchsorted(cumulative, targets, side="right").tolist(), len(self.tokens)]
+
+        def cut(lines, lo, hi, include_targets):
+            return TokenBlockDataset(_Lines(lines, lo, hi), lines.sizes[lo:hi], block, pad=dictionary.pad(),
+                                     eos=dictionary.eos(), break_mode="none", include_targets=include_targets)
+
+        def stream(s):
+            lo, hi = bounds[s], bounds[s + 1]
+            if lo == hi:  # more streams than lines
+                return (), None
+            labels = None if self.labels is None else cut(self.labels, lo, hi, False)
+            return cut(self.tokens, lo, hi, labels is None), labels
+
+        blocks_per_stream = [-(-int(self.tokens.sizes[bounds[s]:bounds[s + 1]].sum()) // block)  # ceil
+                             for s in range(num_streams)]
+        no_loss = None
+        if self.labels is not None:
+            no_loss = torch.tensor([output_dictionary.index(ignore_label), output_dictionary.eos()])
+        mine = [stream(s) for s in range(shard_id * rows, (shard_id + 1) * rows)]
+        steps = max(blocks_per_stream)
+        dataset = StreamBlockDataset(self.name, mine, steps, block, dictionary.pad(), no_loss)
+        scored = "each scored once" if self.labels is None else f"each scored once unless labelled '{ignore_label}'"
+        logger.info(f"{self.name}: {int(cumulative[-1])} tokens, {scored}, in {num_streams} streams of up to "
+                    f"{steps} blocks of {block} tokens ({rows} streams on this worker)")
+        return dataset
+
+
+class StreamBlockDataset(FairseqDataset):
+    """Item k is block k of each stream this worker reads, as one batch.
+
+    `streams` holds this worker's streams, each a list of blocks (fairseq's
+    TokenBlockDataset over its lines, and over its labels). Every worker takes
+    `steps` steps, the length of the longest stream of all workers, so that
+    distributed workers stay in step; a stream that has ended is padding.
+    """
+
+    def __init__(self, name, streams, steps, block, pad, no_loss=None):
+        self.name, self.streams, self.steps, self.block, self.pad, self.no_loss = name, streams, steps, block, pad, no_loss
+
+    def source_and_target(self, stream, k):
+        tokens, labels = stream
+        if labels is None:  # the input is the stream shifted right by one token
+            source, target, _ = tokens[k]
+            return source, target
+        target = labels[k].clone()
+        target[torch.isin(target, self.no_loss)] = self.pad
+        return tokens[k], target
+
+    def __len__(self):
+        return self.steps
+
+    def __getitem__(self, k):
+        sources = torch.full((len(self.streams), self.block), self.pad, dtype=torch.long)
+        targets = torch.full_like(sources, self.pad)
+        for row, stream in enumerate(self.streams):
+            if k < len(stream[0]):
+                source, target = self.source_and_target(stream, k)
+                sources[row, : len(source)] = source
+                targets[row, : len(target)] = target
+        return {"id": k, "source": sources, "target": targets}
+
+    def collater(self, samples):
+        (item,) = samples
+        k, source, target = item["id"], item["source"], item["target"]
+        return {
+            "id": torch.arange(len(source)) + k * len(source),
+            "nsentences": len(source),
+            "ntokens": int(target.ne(self.pad).sum()),  # what is scored, not what is read
+            "net_input": {
+                "src_tokens": source,
+                "src_lengths": source.ne(self.pad).sum(1),
+                "stream": self.name,
+                "block": k,
+            },
+            "target": target,
+        }
+
+    def num_tokens(self, index):
+        return len(self.streams) * self.block
+
+    def size(self, index):
+        return self.block
+
+    @property
+    def sizes(self):
+        return [self.block] * self.steps
+
+
+class StreamBatchIterator(iterators.EpochBatchIterator):
+    """fairseq's epoch iterator, whose state (saved in checkpoints) also holds
+    the layout of the streams: block k of one layout is other tokens than
+    block k of another, so a run resumed mid-epoch in another layout would
+    train some tokens twice and others never."""
+
+    def __init__(self, layout, **kwargs):
+        super().__init__(**kwargs)
+        self.layout = layout
+
+    def state_dict(self):
+        return {**super().state_dict(), "layout": self.layout}
+
+    def load_state_dict(self, state_dict):
+        saved, blocks = state_dict.get("layout"), state_dict.get("iterations_in_epoch", 0)
+        if blocks > 0 and saved is not None and saved != self.layout:
+            raise FeedbackUsageError(
+                f"the checkpoint stopped {blocks} blocks into epoch {state_dict['epoch']} with "
+                f"{_describe(saved)}; this run would continue in {_describe(self.layout)}, training some "
+                f"tokens twice: resume with --tokens-per-sample {saved['tokens_per_sample']} and "
+                f"{saved['streams']} streams (--batch-size x workers), or pass --reset-dataloader "
+                "to start the data over at epoch 1")
+        super().load_state_dict(state_dict)
+
+
+def _describe(layout):
+    return f"{layout['streams']} streams of {layout['tokens_per_sample']}-token blocks"
+
+
+class _Lines:
+    """Lines lo..hi-1 of a dataset of lines."""
+
+    def __init__(self, lines, lo, hi):
+        self.lines, self.lo, self.hi = lines, lo, hi
+
+    def __len__(self):
+        return self.hi - self.lo
+
+    def __getitem__(self, i):
+        return self.lines[self.lo + i]

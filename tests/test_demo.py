@@ -1,0 +1,80 @@
+"""The demo's pieces: its table and plot, the folder it replaces only when it is its own, the
+checkpoints it evaluates and the commands it runs."""
+
+import os
+
+import pytest
+from helpers import train_toy_model
+
+from fairseq_feedback_cli import demo
+from fairseq_feedback_cli.command_line import fail
+from fairseq_feedback_cli.outputs import atomic_folder
+
+
+def fake_results():
+    def r(updates, acc, episode):
+        return {"updates": updates, "acc": acc, "episode_acc": episode}
+
+    return {"feedback": [r(100, 0.5, 0.0), r(200, 0.9, 0.25)], "transformer": [r(100, 0.3, 0.0), r(200, 0.35, 0.0)]}
+
+
+def test_demo_table_and_plot(tmp_path):
+    text = demo.table(fake_results(), "random_walk")
+    lines = text.splitlines()
+    assert lines[0].split("|")[1:-1] == [c.rjust(len(c)) for c in lines[0].split("|")[1:-1]]
+    assert [c.strip() for c in lines[0].strip("|").split("|")] == [
+        "updates", "feedback acc", "feedback episode_acc", "transformer acc", "transformer episode_acc"]
+    assert [c.strip() for c in lines[3].strip("|").split("|")] == ["200", "90.0", "25.0", "35.0", "0.0"]
+    demo.plot(fake_results(), "random_walk", str(tmp_path / "a.png"), title="t")
+    assert (tmp_path / "a.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def demo_folder(out, results):
+    """Builds a demo's folder as demo.run does, holding only results.md; returns where it was built."""
+    with atomic_folder(out, check=demo.check_replaceable) as new:
+        (new / demo.MARKER).write_text("")
+        (new / "results.md").write_text(results)
+    return new
+
+
+def test_demo_replaces_only_its_own_folder(tmp_path):
+    out = tmp_path / "demo"
+    for attempt in range(2):  # a fresh folder, then a previous demo's
+        new = demo_folder(out, str(attempt))
+        assert (out / "results.md").read_text() == str(attempt) and not new.exists()
+    assert sorted(os.listdir(tmp_path)) == ["demo"]  # the previous one is gone, nothing left over
+    other = tmp_path / "mine"
+    other.mkdir()
+    (other / "thesis.tex").write_text("")
+    with pytest.raises(SystemExit, match="not a folder this demo wrote"):
+        demo_folder(other, "new")
+    assert (other / "thesis.tex").exists()
+
+
+def test_demo_failure_leaves_the_previous_results(tmp_path, monkeypatch):
+    out = tmp_path / "demo"
+    out.mkdir()
+    (out / demo.MARKER).write_text("")
+    (out / "results.md").write_text("old")
+
+    def broken(*args, **kwargs):
+        fail("training failed")
+
+    monkeypatch.setattr(demo, "train_all", broken)
+    monkeypatch.setattr(demo, "make_data", lambda folder, config, env: ("raw", "bin"))
+    with pytest.raises(SystemExit, match="training failed"):
+        demo.run(str(out), demo.TINY)
+    assert sorted(os.listdir(tmp_path)) == ["demo"] and (out / "results.md").read_text() == "old"
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    return train_toy_model(tmp_path_factory.mktemp("toy"))
+
+
+def test_demo_checkpoints_and_commands(trained, tmp_path):
+    _, data, ckpt = trained
+    found, final = demo.checkpoints(str(ckpt.parent), 3)
+    assert found == {3: str(ckpt)} and final == 3
+    cmd = demo.train_command(str(data), str(tmp_path), demo.CONFIG, demo.MODELS["transformer"])
+    assert "--no-feedback" in cmd and cmd[cmd.index("--max-update") + 1] == str(demo.CONFIG["updates"])
