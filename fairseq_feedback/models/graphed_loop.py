@@ -28,7 +28,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..patches import in_a_fairseq_tool
 from ..modules.block_weight_gradients import weight_gradients_per_block
 from ..modules.cuda_graphs import GraphCache, bucket, bucket_wide
 from .graphed_decoding import GraphedDecoding
@@ -68,6 +67,8 @@ class GraphedFeedbackLoop:
         if self.cache is None:
             self.cache = GraphCache(capture=self.mode == "auto", name="feedback loop")
             self.decoding = GraphedDecoding(self.cache)
+            from ..patches import in_a_fairseq_tool  # not at the top: patches imports the models
+
             if in_a_fairseq_tool():  # the last validation's line, at the end of fairseq-train
                 atexit.register(_log_statistics_at_exit, weakref.ref(self))
         if None in layers:  # LayerDrop's 2^layers patterns would each need a graph
