@@ -6,7 +6,7 @@
 #
 # Reads data-bin/debian_de_en and data-bin/debian_docs (made by
 # data_prep.prepare_debian_de_en / prepare_debian_docs), generates the
-# algorithmic task, trains, evaluates, and writes into $OUT (default
+# toy tasks, trains, evaluates, and writes into $OUT (default
 # runs/cpu_tier): one folder per model (train.log, checkpoints, test output),
 # the learning curves (plots/*.png) and summary.md (the rows of the page).
 # Run it again after an interruption: a model whose training finished is not
@@ -46,7 +46,7 @@ LM_TRAIN=${LM_TRAIN:-"--dropout 0.1 --optimizer adam --adam-betas (0.9,0.98) --w
 LM_STREAMS=${LM_STREAMS:-32}     # feedback models: streams x blocks of 64 tokens
 LM_BLOCKS=${LM_BLOCKS:-8}        # transformer_lm: blocks of 256 tokens (the same 2,048 tokens per update)
 
-# Table 1: the algorithmic task with 3 variables.
+# Table 1: the algorithmic task with 3 variables (TOY_*), and the random walk at the demo's size (WALK_*).
 TOY_UPDATES=${TOY_UPDATES:-2000}
 TOY_EVAL_EVERY=${TOY_EVAL_EVERY:-500}
 TOY_EPISODES=${TOY_EPISODES:-"--train 10000 --valid 1000 --test 1000"}
@@ -54,6 +54,13 @@ TOY_SIZES=${TOY_SIZES:-"--decoder-layers 4 --decoder-embed-dim 128 --decoder-ffn
     --decoder-attention-heads 4 --memory-span 100"}
 TOY_TRAIN=${TOY_TRAIN:-"--dropout 0.0 --tokens-per-sample 64 --batch-size 32 --optimizer adam --lr 0.001
     --lr-scheduler fixed --warmup-updates 100 --clip-norm 0.1"}
+WALK_UPDATES=${WALK_UPDATES:-1200}
+WALK_EVAL_EVERY=${WALK_EVAL_EVERY:-300}
+WALK_EPISODES=${WALK_EPISODES:-"--grid-size 4 --episode-length 30 --train 10000 --valid 100 --test 500"}
+WALK_SIZES=${WALK_SIZES:-"--decoder-layers 2 --decoder-embed-dim 128 --decoder-ffn-embed-dim 512
+    --decoder-attention-heads 4 --memory-span 32"}
+WALK_TRAIN=${WALK_TRAIN:-"--dropout 0.0 --tokens-per-sample 64 --batch-size 32 --optimizer adam --lr 0.001
+    --lr-scheduler fixed --warmup-updates 50 --clip-norm 0.1"}
 
 COMMON=(--user-dir "$PLUGIN" --cpu --num-workers 0 --log-format json --log-interval 25)
 
@@ -125,37 +132,40 @@ transformer_lm() {
     fi
 }
 
-# --- Table 1: the algorithmic task ---------------------------------------------------------------
+# --- Table 1: toy tasks ---------------------------------------------------------------------------
 
-toy_data() {  # the episodes and their binarized inputs and labels, built aside then moved in place
-    local raw=$OUT/data/algorithmic3 bin=$OUT/data/algorithmic3-bin
+toy_data() {  # toy_data NAME KIND OPTIONS...: the episodes and their binarized inputs and labels, built aside then moved in place
+    local raw=$OUT/data/$1 bin=$OUT/data/$1-bin kind=$2
     if [ ! -d "$raw" ]; then
-        python -m data_prep.toy_tasks algorithmic --variables 3 --seed 1 $TOY_EPISODES --out "$raw"
+        python -m data_prep.toy_tasks "$kind" --seed 1 ${@:3} --out "$raw"
     fi
     if [ ! -d "$bin" ]; then
         rm -rf "$bin.tmp"
-        local kind
-        for kind in input labels; do
-            fairseq-preprocess --only-source --trainpref "$raw/algorithmic/train.$kind" \
-                --validpref "$raw/algorithmic/valid.$kind" --testpref "$raw/algorithmic/test.$kind" \
-                --destdir "$bin.tmp/${kind/input/.}" > "$OUT/logs/preprocess.$kind.log" 2>&1
+        local part
+        for part in input labels; do
+            fairseq-preprocess --only-source --trainpref "$raw/$kind/train.$part" \
+                --validpref "$raw/$kind/valid.$part" --testpref "$raw/$kind/test.$part" \
+                --destdir "$bin.tmp/${part/input/.}" > "$OUT/logs/preprocess.$1.$part.log" 2>&1
         done
         mv "$bin.tmp" "$bin"
     fi
 }
 
-toy() {  # toy NAME OPTIONS...: TOY_EVAL_EVERY updates at a time, each checkpoint tested
-    local name=$1 save=$OUT/toy/algorithmic3/$1 data=$OUT/data/algorithmic3-bin
-    local u
-    for ((u = TOY_EVAL_EVERY; u <= TOY_UPDATES; u += TOY_EVAL_EVERY)); do
+toy() {  # toy TASK NAME OPTIONS...: a task's EVAL_EVERY updates at a time, each checkpoint tested
+    local task=$1 name=$2 save=$OUT/toy/$1/$2 data=$OUT/data/$1-bin kind updates every sizes options u
+    case $task in
+        algorithmic3) kind=algorithmic updates=$TOY_UPDATES every=$TOY_EVAL_EVERY sizes=$TOY_SIZES options=$TOY_TRAIN ;;
+        random_walk) kind=random_walk updates=$WALK_UPDATES every=$WALK_EVAL_EVERY sizes=$WALK_SIZES options=$WALK_TRAIN ;;
+    esac
+    for ((u = every; u <= updates; u += every)); do
         [ -f "$save/test.$u.json" ] && continue
         rm -f "$save/trained"  # the next stretch of the same run
-        train "toy/algorithmic3/$name" "$data" "$u" --task feedback_language_modeling --labels labels \
-            --arch feedback_lm_toy $TOY_SIZES $TOY_TRAIN --disable-validation --save-interval 1000000 --seed 1 \
-            "${@:2}"
-        log "testing $name at $u updates"
-        feedback-evaluate-toy --task algorithmic --data "$data" --path "$save/checkpoint_last.pt" \
-            --raw "$OUT/data/algorithmic3/algorithmic/test.labels" --output "$save/test.$u.predictions" \
+        train "toy/$task/$name" "$data" "$u" --task feedback_language_modeling --labels labels \
+            --arch feedback_lm_toy $sizes $options --disable-validation --save-interval 1000000 --seed 1 \
+            "${@:3}"
+        log "testing $task $name at $u updates"
+        feedback-evaluate-toy --task "$kind" --data "$data" --path "$save/checkpoint_last.pt" \
+            --raw "$OUT/data/$task/$kind/test.labels" --output "$save/test.$u.predictions" \
             --batch-size 128 --json > "$save/test.$u.json.tmp"
         mv "$save/test.$u.json.tmp" "$save/test.$u.json"
     done
@@ -169,8 +179,10 @@ RUNS=(
     "language_model feedback_lm --seed 1"
     "language_model feedback_lm_no_feedback --no-feedback --seed 1"
     "transformer_lm"
-    "toy feedback"
-    "toy transformer --no-feedback"
+    "toy algorithmic3 feedback"
+    "toy algorithmic3 transformer --no-feedback"
+    "toy random_walk feedback"
+    "toy random_walk transformer --no-feedback"
     "translation feedback_dec2 feedback_transformer 2 1"
     "translation transformer_dec2 transformer 2 1"
     "translation feedback_dec1_seed2 feedback_transformer 1 2"
@@ -181,7 +193,8 @@ RUNS=(
 [ -z "${RUNS_ONLY:-}" ] || mapfile -t RUNS <<< "$RUNS_ONLY"
 
 mkdir -p "$OUT/logs"
-toy_data
+toy_data algorithmic3 algorithmic --variables 3 $TOY_EPISODES
+toy_data random_walk random_walk $WALK_EPISODES
 declare -A running=()
 failed=0
 wait_one() {
@@ -223,9 +236,9 @@ logs_of() { local run; for run in "$@"; do echo "$run/train.log"; done; }
         python -m fairseq_feedback_cli.curves log --out "$OUT/plots/debian_docs.png" --metric valid_ppl \
             --title "Debian manuals: validation perplexity" $(logs_of $lm)
     fi
-    toys=$(runs_of "toy/algorithmic3/*")
+    toys=$(runs_of "toy/*/*")
     if [ -n "$toys" ]; then
-        echo "## Table 1, algorithmic task with 3 variables (test set)"
+        echo "## Table 1: the algorithmic task with 3 variables, the random walk (test set)"
         python -m fairseq_feedback_cli.curves toy --out "$OUT/plots" $toys
     fi
 } > "$OUT/summary.md.tmp"
