@@ -43,7 +43,7 @@ from data_prep.toy_tasks import METRICS
 
 REPO = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
-RECIPE_TIMEOUT = 600
+RECIPE_TIMEOUT = 1200  # stops a hung recipe; the toy recipe passed 600 s on 2 cores shared with another run
 
 
 # ------------------------------------------------------------ the recipes
