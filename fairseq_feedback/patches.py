@@ -27,6 +27,7 @@ apply()).
   974, 2831): the mistakes a user can fix print one line (errors.py).
 """
 
+import atexit
 import functools
 import os
 import sys
@@ -41,6 +42,7 @@ from fairseq.distributed import utils as distributed_utils
 from .checkpoints import AtomicCopyPathManager, check_complete, resume_from_a_complete_checkpoint
 from .command_line import check_generate, check_not_empty, check_tool
 from .errors import one_line
+from .modules.cuda_graphs import log_statistics_of_every_cache
 from .safe_checkpoints import allow_fairseq_checkpoints
 
 
@@ -58,6 +60,8 @@ def in_a_fairseq_tool() -> bool:
 def apply_in_fairseq_tools() -> None:
     if in_a_fairseq_tool():
         apply()
+        # the CUDA graphs' last statistics line: fairseq-train's last validation is followed by no call
+        atexit.register(log_statistics_of_every_cache)
 
 
 def apply() -> None:

@@ -126,7 +126,8 @@ def kernels_and_busy_share(model, work, steps_per_call: int, device: torch.devic
     work()
     if device.type != "cuda":
         with loop_as_a_gpu_replays_it(model):
-            work()  # each shape's first call: the warm-up and check that come once, with capture
+            for _ in range(2):  # each shape's first calls: warm-up and capture, and the checks of new graphs
+                work()
             with _CountOps() as ops:
                 work()
         return ops.count / steps_per_call, None

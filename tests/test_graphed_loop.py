@@ -83,11 +83,11 @@ def test_training_under_layerdrop_runs_eagerly_with_one_warning(caplog):
     assert [r.message for r in caplog.records].count(
         "feedback loop: LayerDrop leaves out other layers at every block; "
         "training blocks run eagerly, without CUDA graphs") == 1
-    assert model.decoder.graphed.cache.calls == 0
+    assert model.decoder.graphed.cache.statistics.calls == 0
     model.eval()
     with torch.no_grad():
         model(src, src_lengths, prev)
-    assert model.decoder.graphed.cache.calls == 1
+    assert model.decoder.graphed.cache.statistics.calls == 1
 
 
 @pytest.mark.parametrize("flags", [[], ["--per-layer-kv"], ["--adaptive-span", "--adaptive-span-ramp", "2"]],

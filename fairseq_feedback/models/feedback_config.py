@@ -1,6 +1,5 @@
 """Options of the feedback decoders, shared by the translation model and the LM:
-their defaults and checks (one path for every architecture), and the choice
-between the feedback decoder and its Transformer baseline. The checks of
+their defaults and checks (one path for every architecture). The checks of
 fairseq's own options, and of the rest of a command line, are in
 command_line.py."""
 
@@ -8,11 +7,10 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+from fairseq.models.transformer import TransformerConfig
 
 from ..errors import FeedbackUsageError
 from ..modules.feedback_memory import composition_layer
-from .feedback_decoder import FeedbackDecoder
-from .transformer_xl_decoder import TransformerXLDecoder
 
 CUDA_GRAPHS = ChoiceEnum(["auto", "off", "emulate"])
 
@@ -84,19 +82,11 @@ class FeedbackConfig(FairseqDataclass):
 def decoder_config(args):
     """fairseq's TransformerConfig for the decoder, with the feedback options
     on it (from_namespace drops unknown options of a DictConfig)."""
-    from fairseq.models.transformer import TransformerConfig
-
     cfg = TransformerConfig.from_namespace(args)
     for name in FeedbackConfig.__dataclass_fields__:
         if not name.startswith("_"):
             setattr(cfg, name, getattr(args, name))
     return cfg
-
-
-def build_decoder(cfg, dictionary, embed_tokens, no_encoder_attn=False):
-    """The feedback decoder, or with --no-feedback the paper's Transformer baseline."""
-    decoder = TransformerXLDecoder if cfg.no_feedback else FeedbackDecoder
-    return decoder(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
 
 
 def feedback_architecture(args, fairseq_architecture, **defaults) -> None:

@@ -19,7 +19,7 @@ decoding) runs it from a memory that it starts or resumes.
 from typing import Dict, List, Optional, Tuple
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from ..modules.memory_view import MemoryView, SlotDistances, with_positions
 from ..modules.memory_decoder_layer import MemoryDecoderLayer
@@ -42,8 +42,9 @@ class FeedbackDecoder(MemoryDecoder):
 
     def use_cuda_graphs(self, mode: str) -> None:
         """How the loop runs (--cuda-graphs): "off" eagerly; "auto" as CUDA
-        graphs on a GPU, eagerly elsewhere; "emulate" through the graphs'
-        bookkeeping without capture (GraphedFeedbackLoop)."""
+        graphs on a GPU, eagerly elsewhere; "emulate" through the same path
+        as on a GPU, with a stand-in for the CUDA calls, on any device
+        (graphed_loop.py)."""
         self.graphed = None if mode == "off" else GraphedFeedbackLoop(mode)
 
     def decode(self, x, layers, encoder_kv, encoder_bias, incremental_state: Optional[IncrementalState] = None,
@@ -51,20 +52,23 @@ class FeedbackDecoder(MemoryDecoder):
         """Starts the memory (from m_{-1}, or from the stream's carried memory
         vectors, projected again with the current weights as the official code
         and Transformer-XL do) or resumes it from the decoding cache, then runs
-        the loop, eagerly or as CUDA graphs (graphed_loop.py). A stream keeps
-        its last `span` memory vectors, detached."""
+        the loop, eagerly or as CUDA graphs. A stream keeps its last `span`
+        memory vectors, detached."""
         span = self.current_span()
         carried = None if stream_state is None else stream_state.get("memory")
         previous = carried if carried is not None else x.new_zeros(1, x.size(1), self.embed_dim)  # m_{-1}
-        if self.graphed is not None and self.graphed.takes(self, x, layers, incremental_state):
-            x, memories = self.graphed.run(self, x, previous, span, layers, encoder_kv, encoder_bias, incremental_state)
-        else:
+        if self.graphed is None:
             x, memories = self.run_eagerly(x, previous, span, layers, encoder_kv, encoder_bias, incremental_state)
+        else:
+            x, memories = self.graphed.run(self, x, previous, span, layers, encoder_kv, encoder_bias,
+                                           incremental_state)
         if stream_state is not None:
             stream_state["memory"] = torch.cat([previous, memories])[-self.span:].detach()
         return x
 
     def run_eagerly(self, x, previous, span, layers, encoder_kv, encoder_bias, incremental_state):
+        """The loop from the decoding cache, or from the memory vectors
+        `previous`: the top layer's outputs and the memory vectors."""
         buffer = self.memory.cached_keys_values(incremental_state)
         if buffer is None:
             buffer, window = self.start_memory(previous[-span:], len(x), span)
@@ -82,7 +86,21 @@ class FeedbackDecoder(MemoryDecoder):
     def reorder_incremental_state(self, incremental_state: IncrementalState, new_order: Tensor):
         super().reorder_incremental_state(incremental_state, new_order)
         if self.graphed is not None:
-            self.graphed.reorder(incremental_state, self, new_order, self.hypotheses_per_sentence(incremental_state))
+            self.graphed.reorder(self, incremental_state, new_order)
+
+    # --- what the loop's runners share: the eager loop, and the CUDA graphs ---------------------
+
+    def loop_parameters(self) -> List[nn.Parameter]:
+        """Every parameter the loop reads."""
+        return [*self.memory.parameters(), *self.layers.parameters(),
+                *([] if self.key_positions is None else [self.key_positions])]
+
+    def loop_modules(self, layers: List[Optional[MemoryDecoderLayer]]) -> List[nn.Module]:
+        return [*self.memory.modules(), *(m for layer in layers if layer is not None for m in layer.modules())]
+
+    def empty_memory(self, rows: int, like: Tensor) -> Tensor:
+        """The keys and values of m_{-1}, the zero memory vector, for `rows` rows: [1, planes, rows, heads, head_dim]."""
+        return self.memory.project(like.new_zeros(1, rows, self.embed_dim))
 
     def start_memory(self, initial: Tensor, steps: int, span: int) -> Tuple[KeyValueBuffer, Tuple[Tensor, ...]]:
         """A buffer for `steps` steps after the memory vectors `initial`, and
@@ -105,19 +123,45 @@ class FeedbackDecoder(MemoryDecoder):
         span_masks = [None if layer is None else layer.self_attn.span_mask for layer in layers]
         span_biases = [None if mask is None else full_window.span_bias(mask) for mask in span_masks]
         positions = None if self.key_positions is None else full_window.positions(self.key_positions)[0]
-        persistent = [None if layer is None else layer.self_attn.persistent() for layer in layers]
+        persistent = self.persistent_vectors(layers)
         encoder_kv = self.per_layer(encoder_kv, len(layers))
         outputs, memories = [], []
         for h in x.unbind(0):  # not x[t]: each index's backward fills a gradient of all of x
-            views = [MemoryView(keys, values, None if bias is None else bias[..., -keys.size(2):], vectors)
-                     for (keys, values), bias, vectors in zip(
-                         self.memory.layer_keys_values(window, lambda k: with_positions(k, positions)),
-                         span_biases, persistent)]
+            views = self.memory_views(window, positions, span_biases, persistent)
             h, m = self.feedback_step(h, views, layers, encoder_kv, encoder_bias, weights)
             window = buffer.append(self.memory.project(m.unsqueeze(0)), span)
             outputs.append(h)
             memories.append(m)
         return torch.stack(outputs), torch.stack(memories)
+
+    def decoding_step(self, x: Tensor, window: Tuple[Tensor, ...], distance: Tensor, span: int,
+                      layers: List[Optional[MemoryDecoderLayer]], encoder_kv: Optional[Tensor],
+                      encoder_bias: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+        """One step over a window of slots that lie `distance` steps back
+        (a ring of fixed shape, for CUDA graphs: static_memory.py), those
+        out of span masked: the top layer's output, and the keys and values
+        of m_t [1, planes, rows, heads, head_dim]."""
+        slots = SlotDistances(distance[None], 1, span, self.span)
+        positions = None if self.key_positions is None else slots.positions(self.key_positions)[0]
+        biases = [slots.bias(None if layer is None else layer.self_attn.span_mask, x) for layer in layers]
+        views = self.memory_views(window, positions, biases, self.persistent_vectors(layers))
+        h, m = self.feedback_step(x, views, layers, self.per_layer(encoder_kv, len(layers)), encoder_bias,
+                                  self.memory.mixing_weights())
+        return h, self.memory.project(m.unsqueeze(0))
+
+    def memory_views(self, window: Tuple[Tensor, ...], positions: Optional[Tensor], biases: List[Optional[Tensor]],
+                     persistent: List) -> List[MemoryView]:
+        """What each layer reads at one step: keys (with relative positions,
+        `positions` [slots, head_dim] of a full window) and values of the
+        memory's window, its bias (of a full window: the last slots are
+        kept) and its persistent vectors."""
+        return [MemoryView(keys, values, None if bias is None else bias[..., -keys.size(2):], vectors)
+                for (keys, values), bias, vectors in zip(
+                    self.memory.layer_keys_values(window, lambda k: with_positions(k, positions)), biases, persistent)]
+
+    @staticmethod
+    def persistent_vectors(layers: List[Optional[MemoryDecoderLayer]]) -> List:
+        return [None if layer is None else layer.self_attn.persistent() for layer in layers]
 
     def feedback_step(self, h: Tensor, views: List[MemoryView], layers: List[Optional[MemoryDecoderLayer]],
                       encoder_kv: List[Optional[Tensor]], encoder_bias: Optional[Tensor], weights: Tensor):

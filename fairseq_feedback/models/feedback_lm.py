@@ -24,8 +24,8 @@ from torch import Tensor
 
 from ..command_line import check_model_and_task
 from ..errors import FeedbackUsageError
-from .feedback_config import FeedbackConfig, build_decoder, check_feedback_args, decoder_config, feedback_architecture
-from .plugin_model import PluginModel
+from .feedback_config import FeedbackConfig, check_feedback_args, decoder_config, feedback_architecture
+from .plugin_model import PluginModel, build_decoder
 
 
 def _boolean(value: str) -> bool:

@@ -16,8 +16,8 @@ from fairseq.models.transformer import (
 
 from ..command_line import check_model_and_task
 from ..errors import FeedbackUsageError
-from .feedback_config import FeedbackConfig, build_decoder, check_feedback_args, feedback_architecture
-from .plugin_model import PluginModel
+from .feedback_config import FeedbackConfig, check_feedback_args, feedback_architecture
+from .plugin_model import PluginModel, build_decoder
 
 
 @register_model("feedback_transformer")

@@ -7,7 +7,7 @@ StaticMemory (a ring of fixed shape, masked by distance) per bucket of rows
 and capacity, kept from one search to the next so that graphs are reused;
 beam search reorders it in place, and moves to a smaller bucket as sentences
 finish. The encoder's keys and values are copied into buffers of the
-bucket's shape. The step is FeedbackDecoder.feedback_step, over every slot.
+bucket's shape. The step is FeedbackDecoder.decoding_step, over every slot.
 """
 
 from collections import OrderedDict
@@ -18,8 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..errors import FeedbackUsageError
-from ..modules.cuda_graphs import GraphCache, bucket_wide
-from ..modules.memory_view import MemoryView, SlotDistances
+from ..modules.cuda_graphs import GraphCache, autocast_dtype, bucket_wide
 from ..modules.static_memory import StaticMemory
 
 # Static memories and encoder buffers are kept for the last few buckets (a
@@ -37,25 +36,29 @@ class GraphedDecoding:
         self.searches = 0
         self.serving = (0, None)  # (search, key of its static memory): one search at a time
 
+    def serves(self, decoder, incremental_state) -> bool:
+        """Whether this search runs over a static memory (it started here)."""
+        return decoder.get_incremental_state(incremental_state, "static_memory") is not None
+
     def decode(self, decoder, x: Tensor, span: int, layers: List, encoder_kv: Optional[Tensor],
-               encoder_bias: Optional[Tensor], incremental_state, hypotheses: int) -> Tensor:
+               encoder_bias: Optional[Tensor], incremental_state) -> Tensor:
         """fairseq's incremental decoding of the new tokens x [time, rows,
         embed], one captured step each; returns the top layer's outputs."""
         state = decoder.get_incremental_state(incremental_state, "static_memory")
         if state is None:
-            state = self._start(decoder, x, span, hypotheses)
+            state = self._start(decoder, x, span, decoder.hypotheses_per_sentence(incremental_state))
             decoder.set_incremental_state(incremental_state, "static_memory", state)
-        rows = int(state["rows"])
+        rows, hypotheses = int(state["rows"]), int(state["hypotheses"])
         parameters = tuple(p.data_ptr() for p in decoder.parameters())  # moved or converted: the graphs are stale
+        autocast = autocast_dtype(x.device.type)
         outputs = []
         for h in x.unbind(0):
             memory = self._memory(state)
             if int(state["steps"]) + 1 >= memory.capacity < span + 1:  # grow before the ring would wrap
-                bigger = self._take(state, memory.rows, min(2 * memory.capacity, span + 1), decoder, h.dtype)
+                bigger = self._take(state, memory.rows, min(2 * memory.capacity, span + 1), like=memory.slots)
                 memory.copy_to(bigger, torch.arange(rows, device=h.device), int(state["steps"]))
                 memory = bigger
             encoder = self._static_encoder(encoder_kv, encoder_bias, memory.rows // hypotheses)
-            autocast = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else None
             key = ("decode", id(memory), id(encoder), span, tuple(layer is not None for layer in layers), autocast,
                    parameters)
             shape = (f"decoding {memory.rows} rows, {memory.capacity} memory slots"
@@ -63,7 +66,11 @@ class GraphedDecoding:
                      + f", span {span}, {h.dtype}{', autocast' if autocast else ''}")
 
             def step(x, memory=memory, encoder=encoder):
-                return (self._step(decoder, memory, x, span, layers, encoder[0], encoder[1]),)
+                """FeedbackDecoder.decoding_step at step t over every slot; then m_t joins the memory."""
+                window, distance = memory.read()
+                out, kv = decoder.decoding_step(x, window, distance, span, layers, encoder[0], encoder[1])
+                memory.write(kv)
+                return (out,)
 
             (out,) = self.cache(key, step, [F.pad(h, (0, 0, 0, memory.rows - rows))],
                                 state=[memory.slots, memory.slot_steps, memory.step], shape=shape)
@@ -71,41 +78,23 @@ class GraphedDecoding:
             state["steps"] += 1
         return torch.stack(outputs)
 
-    @staticmethod
-    def _step(decoder, memory: StaticMemory, x: Tensor, span: int, layers: List, encoder_kv, encoder_bias):
-        """FeedbackDecoder.feedback_step at step t over every slot of the
-        memory, those out of span masked; then m_t joins the memory."""
-        window, distance = memory.read()
-        slots = SlotDistances(distance[None], 1, span, decoder.span)
-        positions = None if decoder.key_positions is None else slots.positions(decoder.key_positions)
-        views = []
-        for (keys, values), layer in zip(
-                decoder.memory.layer_keys_values(window, lambda k: k if positions is None else k + positions), layers):
-            mask = None if layer is None else layer.self_attn.span_mask
-            views.append(MemoryView(keys, values, slots.bias(mask, x),
-                                    None if layer is None else layer.self_attn.persistent()))
-        h, m = decoder.feedback_step(x, views, layers, decoder.per_layer(encoder_kv, len(layers)), encoder_bias,
-                                     decoder.memory.mixing_weights())
-        memory.write(decoder.memory.project(m.unsqueeze(0)))
-        return h
-
     def _start(self, decoder, x: Tensor, span: int, hypotheses: int):
         """A new search: a static memory holding m_{-1}, in the bucket of its rows."""
         self.searches += 1
         steps, rows, _ = x.shape
-        state = {"search": torch.tensor(self.searches), "rows": torch.tensor(rows), "steps": torch.tensor(0)}
+        state = {"search": torch.tensor(self.searches), "rows": torch.tensor(rows), "steps": torch.tensor(0),
+                 "hypotheses": torch.tensor(hypotheses)}
         capacity = min(max(16, 2 ** steps.bit_length()), span + 1)
-        memory = self._take(state, bucket_wide(rows // hypotheses) * hypotheses, capacity, decoder, x.dtype)
-        memory.start(decoder.memory.project(x.new_zeros(1, memory.rows, decoder.embed_dim)))
+        initial = decoder.empty_memory(bucket_wide(rows // hypotheses) * hypotheses, like=x)
+        self._take(state, initial.size(2), capacity, like=initial).start(initial)
         return state
 
-    def _take(self, state, rows: int, capacity: int, decoder, dtype) -> StaticMemory:
-        """The static memory of this bucket, for the search `state` from now on."""
-        key = (rows, capacity, dtype)
-        mem = decoder.memory
-        like = torch.empty(1, mem.planes, rows, mem.num_heads, mem.head_dim, dtype=dtype, device=mem.kv_proj.weight.device)
+    def _take(self, state, rows: int, capacity: int, like: Tensor) -> StaticMemory:
+        """The static memory of this bucket, for the search `state` from now
+        on; `like`: keys and values of the memory's shape (static_memory.py)."""
+        key = (rows, capacity, like.dtype)
         self.serving = (int(state["search"]), key)
-        return self._kept(self.memories, key, lambda: StaticMemory(capacity, like))
+        return self._kept(self.memories, key, lambda: StaticMemory(capacity, rows, like))
 
     def _memory(self, state) -> StaticMemory:
         search, key = self.serving
@@ -115,16 +104,16 @@ class GraphedDecoding:
                 "the next, or decode eagerly: --model-overrides \"{'cuda_graphs': 'off'}\"")
         return self.memories[key]
 
-    def reorder(self, incremental_state, decoder, new_order: Tensor, hypotheses: int) -> None:
+    def reorder(self, decoder, incremental_state, new_order: Tensor) -> None:
         """Beam search's new order of the rows, in place, in the bucket of
         the rows left (a smaller one once sentences have finished)."""
         state = decoder.get_incremental_state(incremental_state, "static_memory")
         if state is None:
             return
         memory = self._memory(state)
+        hypotheses = int(state["hypotheses"])
         rows = bucket_wide(len(new_order) // hypotheses) * hypotheses
-        target = memory if rows == memory.rows else self._take(state, rows, memory.capacity, decoder,
-                                                               memory.slots.dtype)
+        target = memory if rows == memory.rows else self._take(state, rows, memory.capacity, like=memory.slots)
         memory.copy_to(target, new_order, int(state["steps"]))
         state["rows"] = torch.tensor(len(new_order))
 

@@ -7,21 +7,21 @@ mix), and source positions (masked out of encoder attention). Padding's
 outputs are cut off before anything reads them, so its gradients are zero
 and it changes no loss or gradient. One graph per bucket (and per span,
 dtype, training or not) is captured at its first use, checked against the
-eager loop, and kept in a cache bounded in graphs and bytes (cuda_graphs.py).
-Buckets are few: rows and source positions go up to a power of two, and
-training under LayerDrop (a pattern of kept layers per block) runs eagerly.
+eager loop, and kept in a cache bounded in graphs and bytes
+(modules/cuda_graphs). Buckets are few: rows and source positions go up to
+a power of two, and training under LayerDrop (a pattern of kept layers per
+block) runs eagerly.
 
 Decoding replays one captured step per token (graphed_decoding.py), from
 the same cache.
 
 What differs from the eager loop is only where shapes come from; the loop
-and its step are FeedbackDecoder's. Without capture (--cuda-graphs emulate,
-and the CPU tests) the same padding, bookkeeping and checks run them eagerly.
+and its step are the decoder's. The CUDA calls are the backend's: on a GPU
+the real ones, and with --cuda-graphs emulate, on any device, a stand-in
+that runs the same path (modules/cuda_graphs/backends.py).
 """
 
-import atexit
 import logging
-import weakref
 from typing import List, Optional
 
 import torch
@@ -29,71 +29,65 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..modules.block_weight_gradients import weight_gradients_per_block
-from ..modules.cuda_graphs import GraphCache, bucket, bucket_wide
+from ..modules.cuda_graphs import CudaGraphBackend, GraphCache, RecordedGraphBackend, autocast_dtype, bucket, bucket_wide
 from .graphed_decoding import GraphedDecoding
 
 logger = logging.getLogger(__name__)
 
 
-def _log_statistics_at_exit(loop: "weakref.ref[GraphedFeedbackLoop]") -> None:
-    if loop() is not None:
-        loop().log_statistics()
-
-
 class GraphedFeedbackLoop:
     """`mode`: "auto" captures on CUDA and leaves other devices to the eager
-    loop; "emulate" runs the same bookkeeping and checks without capture, on
-    any device."""
+    loop; "emulate" runs the same path through the stand-in backend, on any
+    device. The cache (`cache_options`: its bounds) is made at the first
+    call, on its device."""
 
-    def __init__(self, mode: str = "auto"):
-        self.mode = mode
-        self.cache: Optional[GraphCache] = None  # made at the first call, on its device
+    def __init__(self, mode: str = "auto", **cache_options):
+        self.mode, self.cache_options = mode, cache_options
+        self.cache: Optional[GraphCache] = None
         self.decoding: Optional[GraphedDecoding] = None  # its steps share the cache
         self.warned_layerdrop = False
 
     def __deepcopy__(self, memo):
-        return GraphedFeedbackLoop(self.mode)  # a copy of the model (e.g. --ema) captures its own
+        return GraphedFeedbackLoop(self.mode, **self.cache_options)  # a copy of the model (e.g. --ema) captures its own
 
-    def takes(self, decoder, x: Tensor, layers: List, incremental_state) -> bool:
-        """Whether this call of the decoder runs here; if not, eagerly. A
-        search under way stays where it started."""
-        if incremental_state is not None:
-            if torch.is_grad_enabled():
-                return False
-            if decoder.get_incremental_state(incremental_state, "static_memory") is not None:
-                return True
-        if self.mode == "auto" and not x.is_cuda:
-            return False
-        if self.cache is None:
-            self.cache = GraphCache(capture=self.mode == "auto", name="feedback loop")
+    def _start(self, device: torch.device) -> Optional[GraphCache]:
+        """The cache, made on the first call's device; None where "auto" leaves the loop eager."""
+        if self.cache is None and (self.mode == "emulate" or device.type == "cuda"):
+            backend = RecordedGraphBackend(device) if self.mode == "emulate" else CudaGraphBackend(device)
+            self.cache = GraphCache(backend, name="feedback loop", **self.cache_options)
             self.decoding = GraphedDecoding(self.cache)
-            from ..patches import in_a_fairseq_tool  # not at the top: patches imports the models
-
-            if in_a_fairseq_tool():  # the last validation's line, at the end of fairseq-train
-                atexit.register(_log_statistics_at_exit, weakref.ref(self))
-        if None in layers:  # LayerDrop's 2^layers patterns would each need a graph
-            if not self.warned_layerdrop:
-                self.warned_layerdrop = True
-                logger.warning("feedback loop: LayerDrop leaves out other layers at every block; "
-                               "training blocks run eagerly, without CUDA graphs")
-            return False
-        return self.cache.failed is None
+        return self.cache
 
     def run(self, decoder, x, previous, span, layers, encoder_kv, encoder_bias, incremental_state):
-        """The top layer's outputs and the memory vectors (None when decoding)."""
-        if incremental_state is None:
+        """FeedbackDecoder.run_eagerly's results, from the graphs where they
+        can serve: the top layer's outputs and the memory vectors (None when
+        decoding). A search under way stays where it started."""
+        cache = self._start(x.device)
+        if incremental_state is not None:
+            if not torch.is_grad_enabled() and cache is not None and (
+                    cache.failed is None or self.decoding.serves(decoder, incremental_state)):
+                return self.decoding.decode(decoder, x, span, layers, encoder_kv, encoder_bias, incremental_state), None
+        elif cache is not None and cache.failed is None and self._all_kept(layers):
             return self.block(decoder, x, previous, span, layers, encoder_kv, encoder_bias)
-        hypotheses = decoder.hypotheses_per_sentence(incremental_state)
-        return self.decoding.decode(decoder, x, span, layers, encoder_kv, encoder_bias, incremental_state,
-                                    hypotheses), None
+        return decoder.run_eagerly(x, previous, span, layers, encoder_kv, encoder_bias, incremental_state)
 
-    def reorder(self, incremental_state, decoder, new_order: Tensor, hypotheses: int) -> None:
+    def _all_kept(self, layers: List) -> bool:
+        """LayerDrop's 2^layers patterns would each need a graph: such blocks run eagerly."""
+        if None not in layers:
+            return True
+        if not self.warned_layerdrop:
+            self.warned_layerdrop = True
+            logger.warning("feedback loop: LayerDrop leaves out other layers at every block; "
+                           "training blocks run eagerly, without CUDA graphs")
+        return False
+
+    def reorder(self, decoder, incremental_state, new_order: Tensor) -> None:
         if self.decoding is not None:
-            self.decoding.reorder(incremental_state, decoder, new_order, hypotheses)
+            self.decoding.reorder(decoder, incremental_state, new_order)
 
     def log_statistics(self) -> None:
-        if self.cache is not None and (self.cache.calls or self.cache.keys):
-            logger.info(self.cache.statistics())
+        if self.cache is not None:
+            self.cache.log_statistics()
 
     def block(self, decoder, x: Tensor, previous: Tensor, span: int, layers: List, encoder_kv: Optional[Tensor],
               encoder_bias: Optional[Tensor]):
@@ -112,13 +106,9 @@ class GraphedFeedbackLoop:
             F.pad(previous[-span:], (0, 0, 0, padded_rows - rows)),
             *self._pad_encoder(encoder_kv, encoder_bias, padded_rows, padded_positions),
         ]
-        params = [*decoder.memory.parameters(), *decoder.layers.parameters()]
-        if decoder.key_positions is not None:
-            params.append(decoder.key_positions)
-        kept = tuple(layer is not None for layer in layers)
-        grad, training = torch.is_grad_enabled(), decoder.training
-        autocast = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else None
-        key = (tuple(None if t is None else tuple(t.shape) for t in inputs), span, kept, x.dtype, grad, training,
+        params = decoder.loop_parameters()
+        grad, autocast = torch.is_grad_enabled(), autocast_dtype(x.device.type)
+        key = (tuple(None if t is None else tuple(t.shape) for t in inputs), span, x.dtype, grad, decoder.training,
                autocast, tuple(p.data_ptr() for p in params))  # parameters moved or converted: the graphs are stale
         shape = (f"{padded_rows} rows x {padded_steps} steps"
                  + ("" if encoder_kv is None else f" x {padded_positions} source positions")
@@ -129,8 +119,7 @@ class GraphedFeedbackLoop:
             buffer, window = decoder.start_memory(initial, len(x), span)
             # in a graph kernels cost and Python does not: the linear layers'
             # weight gradients once per block
-            with weight_gradients_per_block([*decoder.memory.modules(),
-                                             *(m for layer in layers if layer is not None for m in layer.modules())]):
+            with weight_gradients_per_block(decoder.loop_modules(layers)):
                 outputs, memories = decoder.feedback_loop(x, buffer, window, span, layers, encoder_kv, encoder_bias)
             return outputs, memories.detach()  # a stream carries its memory detached: no backward for it
 

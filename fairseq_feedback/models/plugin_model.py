@@ -1,7 +1,16 @@
-"""What both models of this plugin add to fairseq's (TransformerModel, TransformerLanguageModel)."""
+"""What both models of this plugin add to fairseq's (TransformerModel, TransformerLanguageModel), and
+the decoder they build."""
 
 from ..errors import FeedbackUsageError
 from ..safe_checkpoints import fairseq_checkpoints_allowed
+from .feedback_decoder import FeedbackDecoder
+from .transformer_xl_decoder import TransformerXLDecoder
+
+
+def build_decoder(cfg, dictionary, embed_tokens, no_encoder_attn=False):
+    """The feedback decoder, or with --no-feedback the paper's Transformer baseline."""
+    decoder = TransformerXLDecoder if cfg.no_feedback else FeedbackDecoder
+    return decoder(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
 
 
 class PluginModel:

@@ -27,9 +27,10 @@ NEVER = -(2**40)  # the step of an empty slot: never visible
 
 
 class StaticMemory:
-    def __init__(self, capacity: int, like: Tensor):
-        """`like`: keys and values of one memory vector, [1, planes, rows, heads, head_dim]."""
-        self.slots = like.new_zeros((capacity,) + like.shape[1:])
+    def __init__(self, capacity: int, rows: int, like: Tensor):
+        """`like`: keys and values of memory vectors, [slots, planes, rows,
+        heads, head_dim], whose sizes, dtype and device these have."""
+        self.slots = like.new_zeros((capacity, like.size(1), rows) + like.shape[3:])
         self.slot_steps = torch.full((capacity,), NEVER, dtype=torch.long, device=like.device)
         self.step = torch.zeros((), dtype=torch.long, device=like.device)  # t: the next step to run
 

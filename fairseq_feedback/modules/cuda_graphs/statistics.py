@@ -1,0 +1,35 @@
+"""How a graph cache does: the line logged after every epoch and validation,
+and the hit rate under which graphs do not pay."""
+
+import collections
+from typing import Hashable, Optional
+
+# a hit rate under LOW_HIT_RATE over HIT_WINDOW lookups means shapes vary too much for graphs to pay
+HIT_WINDOW, LOW_HIT_RATE = 256, 0.5
+
+
+class CacheStatistics:
+    def __init__(self):
+        self.keys = set()  # every key seen
+        self.calls = self.hits = 0  # since the last line
+        self.recent = collections.deque(maxlen=HIT_WINDOW)  # hit or miss of the last lookups
+
+    def lookup(self, key: Hashable, hit: bool) -> None:
+        self.keys.add(key)
+        self.calls += 1
+        self.hits += hit
+        self.recent.append(hit)
+
+    def too_few_hits(self) -> Optional[str]:
+        """Why graphs do not pay, or None."""
+        if len(self.recent) == HIT_WINDOW and sum(self.recent) < LOW_HIT_RATE * HIT_WINDOW:
+            return (f"only {sum(self.recent)} of the last {HIT_WINDOW} calls found their graph cached: "
+                    "shapes vary too much for graphs to pay")
+        return None
+
+    def line(self) -> str:
+        """One line for the log; calls and hits since the previous line, keys since the start."""
+        rate = 100 * self.hits / self.calls if self.calls else 0.0
+        line = f"graph cache | keys {len(self.keys)} | calls {self.calls} | hits {self.hits} | hit rate {rate:.1f}%"
+        self.calls = self.hits = 0
+        return line
