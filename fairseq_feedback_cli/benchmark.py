@@ -103,9 +103,10 @@ class _CountOps(TorchDispatchMode):
 
 @contextlib.contextmanager
 def loop_as_a_gpu_replays_it(model):
-    """A feedback decoder's loop through the CUDA-graph path, without capture
-    (bucketed shapes, weight gradients once per block): on the CPU, the
-    operators a GPU would replay rather than those of the eager loop."""
+    """A feedback decoder's loop through the CUDA-graph path, with the
+    stand-in for capture (bucketed shapes, weight gradients once per block):
+    on the CPU, the operators a GPU would replay rather than those of the
+    eager loop."""
     decoder = model.decoder
     if not isinstance(decoder, FeedbackDecoder):
         yield

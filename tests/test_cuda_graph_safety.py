@@ -11,6 +11,7 @@ corpus's batches fit the cache in a few shapes."""
 
 import json
 import logging
+from copy import deepcopy
 import re
 from pathlib import Path
 
@@ -22,7 +23,8 @@ from torch import nn
 
 from fairseq_feedback.models.graphed_loop import GraphedFeedbackLoop
 from fairseq_feedback.modules import block_weight_gradients
-from fairseq_feedback.modules.cuda_graphs import GraphCache, GraphedFunction, RecordedGraphBackend
+from fairseq_feedback.modules.cuda_graphs import (GraphCache, GraphedFunction, RecordedGraphBackend,
+                                                  log_statistics_of_every_cache)
 from fairseq_feedback.modules.cuda_graphs.backends import SharedPool
 from fairseq_feedback.modules.cuda_graphs.graphed_function import (AFTER_ANOTHER_GRAPH, FIRST_REPLAY, MAX_UNJUDGED,
                                                                    NEW_INPUTS)
@@ -371,6 +373,40 @@ def test_a_search_reads_nothing_an_earlier_search_left_in_the_static_memory(span
     for memory in model.decoder.graphed.decoding.memories.values():
         memory.slots.fill_(float("nan"))
     assert_same_hypotheses(search(model, d, args, sample), eager)
+
+
+def test_shapes_that_vary_too_much_for_graphs_to_pay_run_eagerly_with_one_warning(caplog):
+    cache = stand_in_cache(max_graphs=4)
+    with caplog.at_level(logging.WARNING):
+        for n in range(300):
+            assert cache(n % 200, lambda x: (x + 1,), [torch.zeros(1)])[0].item() == 1
+    assert cache.failed == ("only 0 of the last 256 calls found their graph cached: "
+                            "shapes vary too much for graphs to pay")
+    assert len(warnings_of(caplog)) == 1 and cache.statistics.calls == 256
+
+
+def test_the_statistics_of_every_cache_are_logged_at_a_programs_end(caplog):
+    """fairseq-train's last validation is followed by no call that could log
+    its line: the plugin logs every cache's as a fairseq tool exits."""
+    caches = [stand_in_cache(), stand_in_cache()]
+    for cache, calls in zip(caches, (1, 3)):
+        for _ in range(calls):
+            cache("key", lambda x: (x,), [torch.zeros(1)])
+    with caplog.at_level(logging.INFO):
+        log_statistics_of_every_cache()
+    lines = {r.getMessage() for r in caplog.records}
+    assert {"graph cache | keys 1 | calls 1 | hits 0 | hit rate 0.0%",
+            "graph cache | keys 1 | calls 3 | hits 2 | hit rate 66.7%"} <= lines
+
+
+def test_a_copy_of_the_model_captures_graphs_of_its_own():
+    """--ema and the like copy the model: the copy's graphs would otherwise replay over the original's buffers."""
+    model, d = tiny_translation_model("--memory-span", "4", "--dropout", "0", layers=1)
+    model.decoder.graphed = GraphedFeedbackLoop("emulate", max_graphs=3)
+    training_results(model, translation_batches(d)[:1])
+    copy = deepcopy(model)
+    assert copy.decoder.graphed.cache is None and copy.decoder.graphed.cache_options == {"max_graphs": 3}
+    assert model.decoder.graphed.cache.captured == 1
 
 
 # --- a real corpus, and fairseq-train ------------------------------------------------------------------

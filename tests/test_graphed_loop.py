@@ -15,6 +15,7 @@ from helpers import (DEPTHS, assert_same_hypotheses, assert_same_loss_and_gradie
                      make_dictionary, search, tiny_lm, tiny_translation_model)
 
 from fairseq_feedback.errors import FeedbackUsageError
+from fairseq_feedback.models.graphed_loop import GraphedFeedbackLoop
 from fairseq_feedback.modules.cuda_graphs import bucket
 
 OPTIONS = {
@@ -30,6 +31,18 @@ def test_buckets_pad_little_and_are_few():
     assert all(n <= bucket(n) < n + max(8, n / 8) for n in sizes)
     assert len({bucket(n) for n in sizes}) == 16 + 8 * 4  # multiples of 8 to 128, then 8 per doubling
 
+
+
+@pytest.mark.parametrize("mask", [True, False], ids=["with a padding mask", "no padding mask"])
+def test_padded_source_positions_are_masked_and_padded_rows_see_zeros(mask):
+    kv = torch.randn(2, 2, 3, 4, 5, 6)  # [layers, 2, rows, heads, src_len, head_dim]
+    bias = torch.zeros(3, 1, 1, 5).index_fill_(3, torch.tensor([0]), float("-inf")) if mask else None
+    padded_kv, padded_bias = GraphedFeedbackLoop._pad_encoder(kv, bias, 8, 16)
+    assert padded_kv.shape == (2, 2, 8, 4, 16, 6) and padded_bias.shape == (8, 1, 1, 16)
+    assert torch.equal(padded_kv[:, :, :3, :, :5], kv)
+    assert not padded_kv[:, :, 3:].any() and not padded_kv[..., 5:, :].any()
+    assert torch.isinf(padded_bias[:3, ..., 5:]).all() and not padded_bias[3:].any()
+    assert torch.equal(padded_bias[:3, ..., :5], torch.zeros(3, 1, 1, 5) if bias is None else bias)
 
 
 @pytest.mark.parametrize("depth", DEPTHS.values(), ids=DEPTHS.keys())

@@ -70,9 +70,9 @@ class FeedbackConfig(FairseqDataclass):
     cuda_graphs: CUDA_GRAPHS = field(
         default="auto",
         metadata={"help": "the feedback decoder's per-token loop: 'auto' replays it as captured CUDA graphs on a GPU "
-                          "(each checked against the eager loop at its first use, eager if it fails) and runs it "
+                          "(each checked against the eager loop, eager if anything fails) and runs it "
                           "eagerly elsewhere; 'off' always eagerly (the same numbers, many times slower on a GPU); "
-                          "'emulate' through the graphs' padding, cache and checks without capturing, on any device "
+                          "'emulate' through the path a GPU takes, with a stand-in for the CUDA calls, on any device "
                           "(to see a data set's shapes and hit rate). fairseq-generate and eval-lm: "
                           "--model-overrides \"{'cuda_graphs': 'off'}\""},
     )

@@ -99,7 +99,8 @@ class FeedbackDecoder(MemoryDecoder):
         return [*self.memory.modules(), *(m for layer in layers if layer is not None for m in layer.modules())]
 
     def empty_memory(self, rows: int, like: Tensor) -> Tensor:
-        """The keys and values of m_{-1}, the zero memory vector, for `rows` rows: [1, planes, rows, heads, head_dim]."""
+        """The keys and values of m_{-1}, the zero memory vector, in `rows`
+        rows: [1, planes, rows, heads, head_dim]."""
         return self.memory.project(like.new_zeros(1, rows, self.embed_dim))
 
     def start_memory(self, initial: Tensor, steps: int, span: int) -> Tuple[KeyValueBuffer, Tuple[Tensor, ...]]:

@@ -29,7 +29,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..modules.block_weight_gradients import weight_gradients_per_block
-from ..modules.cuda_graphs import CudaGraphBackend, GraphCache, RecordedGraphBackend, autocast_dtype, bucket, bucket_wide
+from ..modules.cuda_graphs import (CudaGraphBackend, GraphCache, RecordedGraphBackend, autocast_dtype, bucket,
+                                   bucket_wide)
 from .graphed_decoding import GraphedDecoding
 
 logger = logging.getLogger(__name__)

@@ -34,19 +34,20 @@ Outputs = Tuple[Optional[Tensor], ...]
 
 def default_generator(device: torch.device) -> torch.Generator:
     """The generator that dropout on `device` draws from."""
-    if device.type == "cuda":
+    if device.type == "cuda":  # CUDA only
         return torch.cuda.default_generators[device.index if device.index is not None else torch.cuda.current_device()]
     return torch.default_generator
 
 
 def device_memory(device: torch.device) -> int:
-    if device.type == "cuda":
+    if device.type == "cuda":  # CUDA only
         return torch.cuda.get_device_properties(device).total_memory
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 class CudaGraphBackend:
-    """torch.cuda's graphs, all on one memory pool, warmed up on a side stream."""
+    """torch.cuda's graphs, all on one memory pool, warmed up on a side
+    stream. CUDA only: the CPU tests run RecordedGraphBackend in its place."""
 
     def __init__(self, device: torch.device):
         self.device, self.generator = device, default_generator(device)
