@@ -123,7 +123,10 @@ class GraphedFunction:
         self.fn, self.cache, self.state, self.shape = fn, cache, tuple(state), shape
         self.backend = cache.backend
         self.generator = self.backend.generator
-        self.inputs = [None if x is None else x.detach().clone().requires_grad_(x.requires_grad) for x in sample_inputs]
+        with stage("static inputs"):
+            self.inputs = [None if x is None else x.detach().clone().requires_grad_(x.requires_grad)
+                           for x in sample_inputs]
+            before = [t.clone() for t in self.state]
         self.params = [p for p in params if p.requires_grad] if torch.is_grad_enabled() else []
         self.grad_targets = [x for x in self.inputs if x is not None and x.requires_grad] + self.params
         self.training = torch.is_grad_enabled() and bool(self.grad_targets)
@@ -136,8 +139,7 @@ class GraphedFunction:
         self.calls = 0
         self.replays_seen: Optional[int] = None  # the cache's replay count after this graph's last replay
 
-        rng, before = self.generator.get_state(), [t.clone() for t in self.state]
-        made = _StoragesMade()
+        rng, made = self.generator.get_state(), _StoragesMade()
         try:
             self._warm_up()
             with stage("capture"), torch.autocast(self.backend.device.type, enabled=False), made:
@@ -157,7 +159,7 @@ class GraphedFunction:
         with self.backend.side_stream():
             with stage("warm-up forward"):
                 outputs = self._forward()
-            self.grad_outputs = tuple(torch.zeros_like(o) for o in outputs)
+                self.grad_outputs = tuple(torch.zeros_like(o) for o in outputs)
             if self.training:
                 with stage("warm-up backward"):
                     self._backward(outputs)
