@@ -27,7 +27,7 @@ bench: setup
 	$(BIN)/feedback-benchmark
 
 # The CPU tier of examples/results/README.md, from data-bin/debian_de_en and
-# data-bin/debian_docs (data_prep); resumes where it stopped.
+# data-bin/debian_docs (fairseq_feedback_cli.data_prep); resumes where it stopped.
 cpu-tier: setup
 	PATH="$(abspath $(BIN)):$$PATH" bash examples/results/cpu_tier.sh
 

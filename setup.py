@@ -7,7 +7,8 @@ setup(
     long_description=open("README.md").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.8",
-    packages=find_packages(include=["fairseq_feedback", "fairseq_feedback.*", "fairseq_feedback_cli", "data_prep"]),
+    packages=find_packages(include=["fairseq_feedback", "fairseq_feedback.*", "fairseq_feedback_cli",
+                                    "fairseq_feedback_cli.*"]),
     install_requires=[
         # the official fairseq 0.12.2 does not import on Python >= 3.11; fairseq-fixed
         # is fairseq main with that fix, and imports as `fairseq`

@@ -36,8 +36,8 @@ RUNS = ["feedback_dec1", "transformer_dec1", "feedback_dec2", "transformer_dec2"
 
 
 def translation_data(tmp_path):
-    run_module("data_prep.synthetic_translation", "--out", tmp_path / "pairs", "--train", 200, "--valid", 10,
-               "--test", 10, "--vocab", 12, "--max-len", 6)
+    run_module("fairseq_feedback_cli.data_prep.synthetic_translation", "--out", tmp_path / "pairs", "--train", 200,
+               "--valid", 10, "--test", 10, "--vocab", 12, "--max-len", 6)
     run("preprocess", "--source-lang", "src", "--target-lang", "tgt", "--trainpref", tmp_path / "pairs" / "train",
         "--validpref", tmp_path / "pairs" / "valid", "--testpref", tmp_path / "pairs" / "test",
         "--destdir", tmp_path / "de_en", "--joined-dictionary", "--workers", "1")

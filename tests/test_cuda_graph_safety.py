@@ -179,8 +179,8 @@ def test_fairseq_train_through_the_graphs_bookkeeping_follows_the_eager_loss_cur
     """--cuda-graphs emulate (padded shapes, the cache, the self-checks)
     against --no-cuda-graphs, dropout 0: the same losses, and the cache's
     statistics after every epoch and validation."""
-    run_module("data_prep.synthetic_translation", "--out", tmp_path / "corpus", "--train", 300, "--vocab", 12,
-               "--max-len", 8)
+    run_module("fairseq_feedback_cli.data_prep.synthetic_translation", "--out", tmp_path / "corpus", "--train", 300,
+               "--vocab", 12, "--max-len", 8)
     run("preprocess", "--source-lang", "src", "--target-lang", "tgt", "--trainpref", tmp_path / "corpus" / "train",
         "--validpref", tmp_path / "corpus" / "valid", "--destdir", tmp_path / "data", "--joined-dictionary",
         "--workers", "1")

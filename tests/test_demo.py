@@ -6,7 +6,7 @@ import os
 import pytest
 from helpers import train_toy_model
 
-from fairseq_feedback_cli import demo
+from fairseq_feedback_cli import demo, plots
 from fairseq_feedback_cli.command_line import fail
 from fairseq_feedback_cli.outputs import atomic_folder
 
@@ -25,7 +25,7 @@ def test_demo_table_and_plot(tmp_path):
     assert [c.strip() for c in lines[0].strip("|").split("|")] == [
         "updates", "feedback acc", "feedback episode_acc", "transformer acc", "transformer episode_acc"]
     assert [c.strip() for c in lines[3].strip("|").split("|")] == ["200", "90.0", "25.0", "35.0", "0.0"]
-    demo.plot(fake_results(), "random_walk", str(tmp_path / "a.png"), title="t")
+    plots.save(plots.toy_accuracy(fake_results(), "random_walk", title="t"), tmp_path / "a.png")
     assert (tmp_path / "a.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -215,8 +215,8 @@ def test_captured_beam_search_and_sampling_equal_eager():
 
 
 def test_fairseq_train_fp16_follows_the_eager_loss_curve(tmp_path):
-    run_module("data_prep.synthetic_translation", "--out", tmp_path / "corpus", "--train", 2000, "--vocab", 12,
-               "--max-len", 8)
+    run_module("fairseq_feedback_cli.data_prep.synthetic_translation", "--out", tmp_path / "corpus", "--train", 2000,
+               "--vocab", 12, "--max-len", 8)
     run("preprocess", "--source-lang", "src", "--target-lang", "tgt", "--trainpref", tmp_path / "corpus" / "train",
         "--validpref", tmp_path / "corpus" / "valid", "--destdir", tmp_path / "data", "--joined-dictionary",
         "--workers", "1")

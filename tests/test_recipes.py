@@ -39,7 +39,7 @@ import torch
 from helpers import PLUGIN
 
 import data_prep_fixtures as fx
-from data_prep.toy_tasks import METRICS
+from fairseq_feedback_cli.toy_scoring import METRICS
 
 REPO = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
@@ -88,7 +88,8 @@ class Recipe:
 
 
 def _prepare(script):
-    return (f"python -m data_prep.{script}", f"python -m data_prep.{script} --raw {{raw}} --workers 1")
+    command = f"python -m fairseq_feedback_cli.data_prep.{script}"
+    return command, f"{command} --raw {{raw}} --workers 1"
 
 
 TABLE8 = {

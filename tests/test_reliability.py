@@ -13,7 +13,7 @@ import torch
 from helpers import (ENV, LM_MODEL, PLUGIN, TRANSLATION_MODEL, error_lines, last_number, preprocess_lm,
                      preprocess_translation, run, train_on_two_workers, write_lm_corpus)
 
-from data_prep.synthetic_translation import write_corpus
+from fairseq_feedback_cli.data_prep.synthetic_translation import write_corpus
 
 # SGD and no dropout: parameters of two runs on the same batches are equal, not
 # only close (Adam rescales float noise of zero gradients into full steps)
