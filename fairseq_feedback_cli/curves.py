@@ -10,8 +10,9 @@ token and episode accuracy against updates, in --out/TASK.png.
 
 log: each file is the --log-file of a fairseq-train run with --log-format
 json: the validation metric (--metric, as fairseq names it) against updates
-and against hours of training, one curve per file, named by its folder.
-Training time is fairseq's wall clock, added up over resumed runs.
+and against hours of training, one curve per file, named by its folder
+(a perplexity on a log axis). Training time is fairseq's wall clock, added
+up over resumed runs.
 
 Both print one markdown row per model: its last point.
 """

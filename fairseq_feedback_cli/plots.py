@@ -41,7 +41,8 @@ def toy_accuracy(results, task, title=""):
 
 def validation_curves(runs, metric, title=""):
     """The figure of `metric` against updates and against training hours, one curve per run;
-    runs: {name: [(updates, hours, value)]}."""
+    runs: {name: [(updates, hours, value)]}. A perplexity goes on a log axis: on a linear one
+    the first validations' hundreds flatten the late differences."""
     plt = _pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), sharey=True)
     for name, points in runs.items():
@@ -51,8 +52,10 @@ def validation_curves(runs, metric, title=""):
     axes[0].set_xlabel("updates")
     axes[1].set_xlabel("training hours")
     axes[0].set_ylabel(metric)
+    if metric.endswith("ppl"):
+        axes[0].set_yscale("log")  # shared with the other axis
     for ax in axes:
-        ax.grid(alpha=0.3)
+        ax.grid(alpha=0.3, which="both")
     axes[0].legend(fontsize=8)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
