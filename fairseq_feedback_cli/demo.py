@@ -114,6 +114,7 @@ def tail(path, lines=15):
 def make_data(folder, config, env):
     """Generates the task into folder/raw and binarizes it into folder/bin
     (labels in folder/bin/labels); returns (raw task folder, data directory)."""
+    os.makedirs(folder)
     options = {**config["sizes"], **config["task_options"]}
     run_checked(python_module("fairseq_feedback_cli.data_prep.toy_tasks", config["task"], "--out",
                               os.path.join(folder, "raw"), "--seed", config["seed"],

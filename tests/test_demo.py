@@ -78,3 +78,13 @@ def test_demo_checkpoints_and_commands(trained, tmp_path):
     assert found == {3: str(ckpt)} and final == 3
     cmd = demo.train_command(str(data), str(tmp_path), demo.CONFIG, demo.MODELS["transformer"])
     assert "--no-feedback" in cmd and cmd[cmd.index("--max-update") + 1] == str(demo.CONFIG["updates"])
+
+
+def test_demo_data_is_the_generated_task_binarized_with_its_labels(tmp_path):
+    raw, data = demo.make_data(str(tmp_path / "data"), demo.TINY, demo.child_env(1))
+    lines = {kind: (tmp_path / "data" / "raw" / "random_walk" / f"test.{kind}").read_text().splitlines()
+             for kind in ("input", "labels")}
+    assert raw == str(tmp_path / "data" / "raw" / "random_walk") and len(lines["input"]) == demo.TINY["sizes"]["test"]
+    assert [len(line.split()) for line in lines["input"]] == [len(line.split()) for line in lines["labels"]]
+    binarized = {"dict.txt"} | {f"{split}.{ext}" for split in ("train", "valid", "test") for ext in ("bin", "idx")}
+    assert binarized <= set(os.listdir(data)) and binarized <= set(os.listdir(os.path.join(data, "labels")))
