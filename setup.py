@@ -31,7 +31,8 @@ setup(
         # ROUGE for the CNN-DailyMail recipe (feedback-score --metric rouge)
         "rouge-score",
     ],
-    extras_require={"test": ["pytest"]},
+    # pytest-xdist: `make test` runs the tests on every core
+    extras_require={"test": ["pytest", "pytest-xdist"]},
     entry_points={
         "console_scripts": [
             "feedback-benchmark = fairseq_feedback_cli.benchmark:main",

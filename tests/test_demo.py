@@ -4,7 +4,6 @@ checkpoints it evaluates and the commands it runs."""
 import os
 
 import pytest
-from helpers import train_toy_model
 
 from fairseq_feedback_cli import demo, plots
 from fairseq_feedback_cli.command_line import fail
@@ -67,13 +66,8 @@ def test_demo_failure_leaves_the_previous_results(tmp_path, monkeypatch):
     assert sorted(os.listdir(tmp_path)) == ["demo"] and (out / "results.md").read_text() == "old"
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    return train_toy_model(tmp_path_factory.mktemp("toy"))
-
-
-def test_demo_checkpoints_and_commands(trained, tmp_path):
-    _, data, ckpt = trained
+def test_demo_checkpoints_and_commands(toy_model, tmp_path):
+    _, data, ckpt = toy_model
     found, final = demo.checkpoints(str(ckpt.parent), 3)
     assert found == {3: str(ckpt)} and final == 3
     cmd = demo.train_command(str(data), str(tmp_path), demo.CONFIG, demo.MODELS["transformer"])

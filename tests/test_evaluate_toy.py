@@ -6,7 +6,7 @@ import random
 
 import pytest
 import torch
-from helpers import TOY_SIZES, error_of, run_module, train_toy_model
+from helpers import TOY_SIZES, error_of, run_module
 
 from fairseq_feedback_cli import evaluate_toy, toy_evaluation
 from fairseq_feedback_cli.data_prep import toy_tasks as tt
@@ -88,13 +88,8 @@ def test_predictions_get_the_umasks_permissions(tmp_path):
 # --- a trained checkpoint, end to end --------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    return train_toy_model(tmp_path_factory.mktemp("toy"))
-
-
-def test_evaluating_a_checkpoint_writes_aligned_predictions_and_scores_them(trained, tmp_path):
-    raw, data, ckpt = trained
+def test_evaluating_a_checkpoint_writes_aligned_predictions_and_scores_them(toy_model, tmp_path):
+    raw, data, ckpt = toy_model
     out = tmp_path / "pred.txt"
     proc = run_module("fairseq_feedback_cli.evaluate_toy", "--task", "random_walk", "--data", data, "--path", ckpt,
                       "--raw", f"{raw}/test.labels", "--output", out, "--json")
@@ -107,10 +102,10 @@ def test_evaluating_a_checkpoint_writes_aligned_predictions_and_scores_them(trai
     assert [f for f in os.listdir(tmp_path) if f != "pred.txt"] == []  # no temporary file left
 
 
-def test_predictions_are_the_argmax_of_the_model_over_the_whole_stream(trained, tmp_path):
+def test_predictions_are_the_argmax_of_the_model_over_the_whole_stream(toy_model, tmp_path):
     """Read in blocks with the memory carried, one stream gives the argmax of a
     single pass over the whole split: the predictions land on the right tokens."""
-    raw, data, ckpt = trained
+    raw, data, ckpt = toy_model
     result = toy_evaluation.evaluate("random_walk", str(data), str(ckpt), split="valid", batch_size=1,
                                    output=str(tmp_path / "valid.txt"))
     model, task, _, _ = toy_evaluation.load(str(ckpt), str(data))
@@ -130,8 +125,8 @@ def test_predictions_are_the_argmax_of_the_model_over_the_whole_stream(trained, 
                                                                    expected)
 
 
-def test_a_checkpoint_with_other_data_is_one_line(trained, tmp_path):
-    raw, data, ckpt = trained
+def test_a_checkpoint_with_other_data_is_one_line(toy_model, tmp_path):
+    raw, data, ckpt = toy_model
     assert "does not match the test split" in main_error(
         "--task", "random_walk", "--data", data, "--path", ckpt, "--raw", f"{raw}/valid.labels",
         "--output", tmp_path / "p.txt")
