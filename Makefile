@@ -17,8 +17,10 @@ $(VENV)/.installed: setup.py
 	$(BIN)/pip install --quiet -e ".[test]"
 	touch $@
 
+# every test, on every core (pytest-xdist), one thread per worker; a test module stays on one
+# worker, which trains its fixtures once; tests/conftest.py starts the longest modules first
 test: setup
-	$(BIN)/python -m pytest -q tests
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n auto --dist loadscope --no-loadscope-reorder tests
 
 demo: setup
 	$(BIN)/python -m fairseq_feedback_cli.demo --out demo
@@ -27,7 +29,7 @@ bench: setup
 	$(BIN)/feedback-benchmark
 
 # The CPU tier of examples/results/README.md, from data-bin/debian_de_en and
-# data-bin/debian_docs (data_prep); resumes where it stopped.
+# data-bin/debian_docs (fairseq_feedback_cli.data_prep); resumes where it stopped.
 cpu-tier: setup
 	PATH="$(abspath $(BIN)):$$PATH" bash examples/results/cpu_tier.sh
 

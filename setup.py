@@ -6,18 +6,23 @@ setup(
     description="Feedback Transformer (Fan et al. 2020) for fairseq: translation, summarization and language models",
     long_description=open("README.md").read(),
     long_description_content_type="text/markdown",
-    python_requires=">=3.8",
-    packages=find_packages(include=["fairseq_feedback", "fairseq_feedback.*", "fairseq_feedback_cli", "data_prep"]),
+    # tested on 3.11 and 3.12
+    python_requires=">=3.11",
+    classifiers=[
+        "Programming Language :: Python :: 3",
+        "Programming Language :: Python :: 3.11",
+        "Programming Language :: Python :: 3.12",
+    ],
+    packages=find_packages(include=["fairseq_feedback", "fairseq_feedback.*", "fairseq_feedback_cli",
+                                    "fairseq_feedback_cli.*"]),
     install_requires=[
         # the official fairseq 0.12.2 does not import on Python >= 3.11; fairseq-fixed
         # is fairseq main with that fix, and imports as `fairseq`
-        'fairseq-fixed==0.12.3.1; python_version >= "3.11"',
-        'fairseq==0.12.2; python_version < "3.11"',
+        "fairseq-fixed==0.12.3.1",
         # torch.amp.custom_fwd(device_type=...), torch.get_autocast_dtype: torch 2.4
         "torch>=2.4",
-        # fairseq still calls np.compat.long, removed in numpy 2 (checked with numpy 2.4:
-        # fairseq-interactive on a language model fails in TokenBlockDataset)
-        "numpy<2",
+        # numpy 2 too: fairseq's np.compat.long is given back by the plugin (patches.py)
+        "numpy",
         "sacrebleu>=2.0",
         "sacremoses",
         "sentencepiece",
@@ -26,7 +31,8 @@ setup(
         # ROUGE for the CNN-DailyMail recipe (feedback-score --metric rouge)
         "rouge-score",
     ],
-    extras_require={"test": ["pytest"]},
+    # pytest-xdist: `make test` runs the tests on every core
+    extras_require={"test": ["pytest", "pytest-xdist"]},
     entry_points={
         "console_scripts": [
             "feedback-benchmark = fairseq_feedback_cli.benchmark:main",

@@ -1,11 +1,12 @@
 """Feedback Transformer for fairseq: the `--user-dir` plugin.
 
-Importing it registers its models and tasks. Loaded by one of fairseq's
-command-line tools, it also applies its fixes of fairseq (patches.py); a
-program of one's own that imports it is otherwise left as it was.
+Importing it registers its models and tasks, and lets fairseq's data classes
+run on numpy 2. Loaded by one of fairseq's command-line tools, it also applies
+its other fixes of fairseq (patches.py); a program of one's own that imports it
+is otherwise left as it was.
 """
 
 from . import models, tasks  # noqa: F401  (registers the models and the tasks)
-from .patches import apply_in_fairseq_tools
+from .patches import apply_on_import
 
-apply_in_fairseq_tools()
+apply_on_import()

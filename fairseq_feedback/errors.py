@@ -9,6 +9,8 @@ other exception keeps its traceback. fairseq's tools print it through the
 exception hook of patches.py; this project's tools through their main.
 """
 
+import re
+
 
 class FeedbackUsageError(ValueError):
     """Bad options or data: the message says what to change."""
@@ -25,5 +27,6 @@ def one_line(exc: BaseException):
                     "of fairseq-preprocess (which writes the dictionaries)")
         return f"{name} not found: check the path" if name else str(exc)
     if str(exc).startswith("Size of sample"):  # fairseq's filter_by_size: its message names the fix
-        return str(exc).replace("\n", " ")
+        # numpy 2 writes its sizes as np.int64(1101)
+        return re.sub(r"np\.\w+\(([^()]*)\)", r"\1", str(exc).replace("\n", " "))
     return None

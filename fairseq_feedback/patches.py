@@ -3,8 +3,20 @@
 They are applied when one of fairseq's command-line tools loads the plugin
 (--user-dir); a program of one's own that imports it is left as it was
 (this project's tools and tests, which run fairseq's code themselves, call
-apply()).
+apply()), but for the first fix below, which importing the plugin applies
+everywhere, since fairseq's data classes fail without it in any program:
 
+- numpy 2 removed what fairseq's data classes still call (fairseq issue
+  5639): np.compat.long, in TokenBlockDataset (--sample-break-mode eos,
+  fairseq-interactive on a language model) and LanguagePairDataset
+  (--num-batch-buckets), and np.percentile's `interpolation`, in the buckets
+  of --num-batch-buckets (numpy 2.4). The modules that call them see numpy
+  with both (np.compat.long is Python's int, as in numpy 1; `interpolation`
+  is passed on as `method`); numpy itself is left as it is.
+- --log-file adds a handler to the log of fairseq's progress bars at every
+  training epoch, so each line reached the file once per epoch trained so far
+  (no fairseq issue names it; it came with --log-file, fairseq commit
+  da0432a3): a file already written to gets no second handler.
 - batch_by_size drops the last batch when it holds fewer sentences than
   --required-batch-size-multiple (8 by default): fairseq-generate leaves
   test sentences out of its score without a word, and training skips them
@@ -29,15 +41,18 @@ apply()).
 
 import atexit
 import functools
+import logging
 import os
 import sys
+import types
 from argparse import Namespace
 
 import numpy as np
 from fairseq import checkpoint_utils
-from fairseq.data import data_utils
+from fairseq.data import data_utils, language_pair_dataset, token_block_dataset
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.distributed import utils as distributed_utils
+from fairseq.logging import progress_bar
 
 from .checkpoints import AtomicCopyPathManager, check_complete, resume_from_a_complete_checkpoint
 from .command_line import check_generate, check_not_empty, check_tool
@@ -57,7 +72,10 @@ def in_a_fairseq_tool() -> bool:
     return os.path.basename(sys.argv[0] if sys.argv else "").startswith("fairseq-")
 
 
-def apply_in_fairseq_tools() -> None:
+def apply_on_import() -> None:
+    """What importing the plugin does: fairseq's data classes run on numpy 2 in
+    any program; the other fixes only in fairseq's tools."""
+    give_fairseq_numpy_1_names()
     if in_a_fairseq_tool():
         apply()
         # the CUDA graphs' last statistics line: fairseq-train's last validation is followed by no call
@@ -66,7 +84,9 @@ def apply_in_fairseq_tools() -> None:
 
 def apply() -> None:
     """Every fix; a fix already applied is left as it is."""
+    give_fairseq_numpy_1_names()
     allow_fairseq_checkpoints()
+    _patch(progress_bar, "progress_bar", _one_handler_per_log_file)
     _patch(data_utils, "batch_by_size", _keep_every_sentence)
     # save_checkpoint copies with the PathManager of its module: only checkpoints change
     checkpoint_utils.PathManager = AtomicCopyPathManager
@@ -82,6 +102,33 @@ def apply() -> None:
             _patch(module, "main", _generate_checked_first)
     if not getattr(sys.excepthook, "prints_one_line", False):
         sys.excepthook = _one_line_for_fixable_mistakes(sys.excepthook)
+
+
+class _NumpyAsFairseqCallsIt(types.ModuleType):
+    """numpy, with what fairseq calls and numpy 2 removed."""
+
+    compat = types.SimpleNamespace(long=int)
+
+    def __init__(self):
+        super().__init__(np.__name__, np.__doc__)
+
+    def __getattr__(self, name):
+        return getattr(np, name)
+
+    @staticmethod
+    def percentile(a, q, *args, interpolation=None, **kwargs):
+        if interpolation is not None:
+            kwargs["method"] = interpolation
+        return np.percentile(a, q, *args, **kwargs)
+
+
+def give_fairseq_numpy_1_names() -> None:
+    """numpy 2: the modules of fairseq that call what it removed see numpy with it."""
+    if int(np.__version__.split(".")[0]) < 2:
+        return
+    for module in (token_block_dataset, language_pair_dataset, data_utils):
+        if module.np is np:
+            module.np = _NumpyAsFairseqCallsIt()
 
 
 def _patch(module, name: str, fix) -> None:
@@ -103,6 +150,18 @@ def _keep_every_sentence(batch_by_size):
         return batches
 
     return batches_of_all
+
+
+def _one_handler_per_log_file(make_progress_bar):
+    @functools.wraps(make_progress_bar)
+    def without_a_second_handler(*args, log_file=None, **kwargs):
+        if log_file is not None and any(isinstance(handler, logging.FileHandler)
+                                        and handler.baseFilename == os.path.abspath(log_file)
+                                        for handler in progress_bar.logger.handlers):
+            log_file = None
+        return make_progress_bar(*args, log_file=log_file, **kwargs)
+
+    return without_a_second_handler
 
 
 def _checked_first(function, check):

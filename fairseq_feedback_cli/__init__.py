@@ -1,4 +1,8 @@
 """The project's tools, apart from the plugin (as fairseq keeps fairseq_cli apart from fairseq):
 feedback-benchmark, feedback-score, feedback-average-checkpoints, feedback-evaluate-toy, the
-learning curves and the demo. Importing this package imports nothing else, so that the data
-scripts (data_prep) share its helpers without fairseq's start-up time."""
+learning curves and the demo; and the data preparation (data_prep/, one script per dataset).
+
+The tools and the data scripts share only modules that import nothing else of this project
+(command_line, outputs, sgm, toy_scoring): a tool imports no other tool and no data script, and a
+data script no tool. Importing this package imports nothing, so that the data scripts start
+without fairseq's start-up time."""

@@ -10,8 +10,9 @@ token and episode accuracy against updates, in --out/TASK.png.
 
 log: each file is the --log-file of a fairseq-train run with --log-format
 json: the validation metric (--metric, as fairseq names it) against updates
-and against hours of training, one curve per file, named by its folder.
-Training time is fairseq's wall clock, added up over resumed runs.
+and against hours of training, one curve per file, named by its folder
+(a perplexity on a log axis). Training time is fairseq's wall clock, added
+up over resumed runs.
 
 Both print one markdown row per model: its last point.
 """
@@ -20,10 +21,9 @@ import glob
 import json
 import os
 
-from data_prep.toy_tasks import METRICS
-
+from . import plots
 from .command_line import ArgumentParser, fail
-from .demo import plot as plot_toy
+from .toy_scoring import METRICS
 
 
 def toy_runs(folders):
@@ -74,32 +74,6 @@ def log_points(path, metric):
     return points
 
 
-def plot_logs(runs, metric, path, title):
-    import logging
-
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), sharey=True)
-    for name, points in runs.items():
-        updates, hours, values = zip(*points)
-        axes[0].plot(updates, values, "o-", markersize=3, label=name)
-        axes[1].plot(hours, values, "o-", markersize=3, label=name)
-    axes[0].set_xlabel("updates")
-    axes[1].set_xlabel("training hours")
-    axes[0].set_ylabel(metric)
-    for ax in axes:
-        ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-
-
 def as_hours(seconds):
     return "" if seconds is None else f"{seconds / 3600:.2f}"
 
@@ -120,7 +94,7 @@ def main(argv=None):
         print("| --- | --- | ---: | ---: | ---: | ---: |")
         for name, runs in sorted(toy_runs(args.inputs).items()):
             task = next(iter(runs.values()))[-1]["task"]
-            plot_toy(runs, task, os.path.join(args.out, f"{name}.png"), title=name)
+            plots.save(plots.toy_accuracy(runs, task, title=name), os.path.join(args.out, f"{name}.png"))
             token, episode = METRICS[task]
             for model, results in runs.items():
                 last = results[-1]
@@ -128,7 +102,7 @@ def main(argv=None):
                       f"{as_hours(last.get('train_seconds'))} |")
     else:
         runs = {os.path.basename(os.path.dirname(os.path.abspath(p))): log_points(p, args.metric) for p in args.inputs}
-        plot_logs(runs, args.metric, args.out, args.title)
+        plots.save(plots.validation_curves(runs, args.metric, args.title), args.out, dpi=90)
         print(f"| model | updates | {args.metric} | training hours |")
         print("| --- | ---: | ---: | ---: |")
         for name, points in runs.items():

@@ -11,11 +11,12 @@ on 2 CPU cores (seeds 1 and 2): after 1,200 updates the feedback model names
 97-98% of the cells and the transformer of the same size 29%
 (examples/toy/README.md).
 
-The demo generates the task, binarizes it with fairseq-preprocess, trains the
-feedback model and the transformer baseline of the same size with
-fairseq-train (two processes side by side, one core each), evaluates the
-checkpoints saved every 100 updates with fairseq_feedback_cli.evaluate_toy
-(Table 1's accuracy on the test episodes), prints a table, and writes into --out:
+The demo generates the task (python -m fairseq_feedback_cli.data_prep.toy_tasks),
+binarizes it with fairseq-preprocess, trains the feedback model and the
+transformer baseline of the same size with fairseq-train (two processes side
+by side, one core each), evaluates the checkpoints saved every 100 updates as
+feedback-evaluate-toy does (Table 1's accuracy on the test episodes), prints a
+table, and writes into --out:
 
     results.md     the table, the configuration and the commands used
     results.json   the same numbers
@@ -35,15 +36,14 @@ import shlex
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 
 import torch
 
-from data_prep import toy_tasks
-
-from .command_line import ArgumentParser, check_at_least, fail
+from . import plots, toy_evaluation
+from .command_line import ArgumentParser, check_at_least, fail, quiet
 from .outputs import atomic_folder
+from .toy_scoring import METRICS
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PLUGIN = os.path.join(REPO, "fairseq_feedback")
@@ -114,13 +114,16 @@ def tail(path, lines=15):
 def make_data(folder, config, env):
     """Generates the task into folder/raw and binarizes it into folder/bin
     (labels in folder/bin/labels); returns (raw task folder, data directory)."""
-    raw = toy_tasks.write_task(os.path.join(folder, "raw"), config["task"], config["seed"], config["sizes"],
-                               **config["task_options"])
+    os.makedirs(folder)
+    options = {**config["sizes"], **config["task_options"]}
+    run_checked(python_module("fairseq_feedback_cli.data_prep.toy_tasks", config["task"], "--out",
+                              os.path.join(folder, "raw"), "--seed", config["seed"],
+                              *[a for name, value in options.items() for a in (f"--{name.replace('_', '-')}", value)]),
+                os.path.join(folder, "generate.log"), env)
+    raw = os.path.join(folder, "raw", config["task"])
     data = os.path.join(folder, "bin")
     for kind, dest in (("input", data), ("labels", os.path.join(data, "labels"))):
-        prefixes = [f"--{split}pref" for split in toy_tasks.SPLITS]
-        args = [a for split, flag in zip(toy_tasks.SPLITS, prefixes)
-                for a in (flag, os.path.join(raw, f"{split}.{kind}"))]
+        args = [a for split in config["sizes"] for a in (f"--{split}pref", os.path.join(raw, f"{split}.{kind}"))]
         run_checked(python_module("fairseq_cli.preprocess", "--only-source", *args, "--destdir", dest,
                                   "--workers", "1"), os.path.join(folder, f"preprocess.{kind}.log"), env)
     return raw, data
@@ -217,10 +220,8 @@ def checkpoints(save_dir, every):
 
 
 def evaluate_model(name, save_dir, raw, data, config, keep=("checkpoint_last.pt",)):
-    """[result of evaluate_toy.evaluate for each checkpoint, by updates];
+    """[result of toy_evaluation.evaluate for each checkpoint, by updates];
     then removes the checkpoints other than `keep` (the predictions stay)."""
-    from . import evaluate_toy
-
     results = []
     predictions = os.path.join(save_dir, "predictions")
     os.makedirs(predictions)
@@ -228,13 +229,13 @@ def evaluate_model(name, save_dir, raw, data, config, keep=("checkpoint_last.pt"
     if not found:
         fail(f"the {name} run saved no checkpoint in {save_dir}")
     for updates, path in found.items():
-        result = evaluate_toy.evaluate(config["task"], data, path, split="test", raw=os.path.join(raw, "test.labels"),
+        result = toy_evaluation.evaluate(config["task"], data, path, split="test", raw=os.path.join(raw, "test.labels"),
                                        output=os.path.join(predictions, f"test.{updates}.txt"))
         result["checkpoint"] = os.path.basename(path)
         result["predictions"] = os.path.relpath(result["predictions"], os.path.dirname(save_dir))
         results.append(result)
         log(f"  {name:12s} {updates:6d} updates: " + "  ".join(
-            f"{metric} {100 * result[metric]:.1f}" for metric in toy_tasks.METRICS[config["task"]]))
+            f"{metric} {100 * result[metric]:.1f}" for metric in METRICS[config["task"]]))
     for file in os.listdir(save_dir):
         if file.endswith(".pt") and file not in keep:
             os.remove(os.path.join(save_dir, file))
@@ -246,7 +247,7 @@ def evaluate_model(name, save_dir, raw, data, config, keep=("checkpoint_last.pt"
 
 def table(results, task):
     """A markdown table: one row per update count, each model's metrics in percent."""
-    token_metric, line_metric = toy_tasks.METRICS[task]
+    token_metric, line_metric = METRICS[task]
     names = list(results)
     by_updates = {}
     for name in names:
@@ -262,34 +263,6 @@ def table(results, task):
         rows.append(row)
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     return "\n".join("| " + " | ".join(cell.rjust(w) for cell, w in zip(row, widths)) + " |" for row in rows)
-
-
-def plot(results, task, path, title=""):
-    """Token accuracy (solid) and episode accuracy (dashed) against updates, as a PNG."""
-    import logging
-
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # fairseq's import may leave the root at DEBUG
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    token_metric, line_metric = toy_tasks.METRICS[task]
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for (name, rs), color in zip(results.items(), ("tab:red", "tab:blue", "tab:green", "tab:gray")):
-        updates = [r["updates"] for r in rs]
-        ax.plot(updates, [100 * r[token_metric] for r in rs], "o-", color=color, label=f"{name} ({token_metric})")
-        ax.plot(updates, [100 * r[line_metric] for r in rs], "s--", color=color, alpha=0.6,
-                label=f"{name} ({line_metric})")
-    ax.set_xlabel("updates")
-    ax.set_ylabel("test accuracy (%)")
-    ax.set_ylim(0, 100)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="best", fontsize=9)
-    ax.set_title("\n".join(textwrap.fill(line, 95) for line in title.splitlines()), fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
 
 
 def summary(config):
@@ -318,7 +291,7 @@ def report(folder, config, runs, results, seconds):
     lines = [
         "# Feedback Transformer demo", "",
         f"Task: {title}. Test accuracy of the label at every position, as Table 1 of the paper "
-        f"defines it ({' / '.join(toy_tasks.METRICS[config['task']])}: token / whole-episode accuracy).", "",
+        f"defines it ({' / '.join(METRICS[config['task']])}: token / whole-episode accuracy).", "",
         text, "",
         f"Both models ({summary(config)}): `{model}`, trained for {config['updates']} updates with "
         f"`{' '.join(config['train'])}`; the transformer adds `--no-feedback`.", "",
@@ -335,7 +308,8 @@ def report(folder, config, runs, results, seconds):
     with open(os.path.join(folder, "results.json"), "w") as f:
         json.dump({"config": config, "results": results, "seconds": seconds,
                    "train_seconds": {name: runs[name][1] for name in runs}}, f, indent=1)
-    plot(results, config["task"], os.path.join(folder, "accuracy.png"), title=f"{title}\n{summary(config)}")
+    plots.save(plots.toy_accuracy(results, config["task"], title=f"{title}\n{summary(config)}"),
+               os.path.join(folder, "accuracy.png"))
     return text
 
 
@@ -395,8 +369,6 @@ def main(argv=None):
     for key in ("updates", "eval_every", "seed"):
         if getattr(args, key) is not None:
             config[key] = getattr(args, key)
-    from .evaluate_toy import quiet
-
     quiet()
 
     def terminated(signum, frame):  # as Ctrl-C: stop the training runs, remove the partial folder

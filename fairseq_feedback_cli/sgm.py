@@ -1,5 +1,5 @@
 """The segments of an .sgm or .xml test set (WMT's, IWSLT's), as sacrebleu reads them: the text of
-each `<seg ...>` line, spacing squeezed. For feedback-score's references and data_prep's test sets."""
+each `<seg ...>` line, spacing squeezed. For feedback-score's references and the test sets of data_prep."""
 
 import re
 from typing import Iterable, List

@@ -10,6 +10,27 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped without one); on a GPU machine: -m gpu")
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test`: one worker per core, one thread each
+        torch.set_num_threads(1)
+
+
+# the modules that take longest, started first under `make test` (one module per worker at a time):
+# the recipes run in the background while the other worker goes on
+FIRST = ("test_recipes.py", "test_cpu_tier.py", "test_bad_values.py", "test_translation_cli.py",
+         "test_data_prep.py", "test_reliability.py")
+
+
+def pytest_collection_modifyitems(items):
+    items.sort(key=lambda item: FIRST.index(item.path.name) if item.path.name in FIRST else len(FIRST))
+
+
+@pytest.fixture(scope="session")
+def toy_model(tmp_path_factory):
+    """(raw task folder, data directory, checkpoint) of helpers.train_toy_model, trained once for the tests
+    of the demo and of feedback-evaluate-toy."""
+    from helpers import train_toy_model
+
+    return train_toy_model(tmp_path_factory.mktemp("toy"))
 
 
 @pytest.fixture(autouse=True)

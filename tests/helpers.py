@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from fairseq.sequence_generator import SequenceGenerator
 
-from data_prep import toy_tasks
+from fairseq_feedback_cli.data_prep import toy_tasks
 from fairseq_feedback import patches
 from fairseq_feedback.errors import one_line
 from fairseq_feedback_cli import builders

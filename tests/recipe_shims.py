@@ -1,4 +1,5 @@
-"""Stand-ins for the commands the recipes in examples/*/README.md call, for tests/test_recipes.py.
+"""Stand-ins for the commands the recipes in examples/*/README.md call, for tests/test_recipes.py
+(and for examples/results/cpu_tier.sh, in tests/test_cpu_tier.py, with no changes).
 
 tests/test_recipes.py runs the README's shell blocks as they are, with a
 folder of these stand-ins first on PATH. Each runs the real tool (fairseq's
@@ -22,14 +23,27 @@ explicit options, since fairseq divides by the number of GPUs to find its
 device. Every call is appended to $RECIPE_CALLS (JSON lines: the tool, the
 command line as written and as run, and how many GPUs it asked for) for
 the test to check.
+
+Importing torch and fairseq takes about 3 s of CPU, most of what a command
+costs at these sizes, and a recipe runs dozens. With $RECIPE_SERVER set
+(the socket of serve(), started by the test) a stand-in does not import
+them: it hands its command line, environment, folder and stdin/stdout/stderr
+to the server, which imported them once and forks a process that runs the
+command as the stand-in would have, and it exits with that process's status.
 """
 
+import contextlib
 import importlib
 import json
 import os
+import re
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import time
+import traceback
 
 FAIRSEQ = {
     "fairseq-preprocess": "fairseq_cli.preprocess",
@@ -38,6 +52,7 @@ FAIRSEQ = {
     "fairseq-eval-lm": "fairseq_cli.eval_lm",
 }
 MAX_WORKERS = 2
+TESTS = os.path.dirname(os.path.abspath(__file__))
 GLOO = ["--distributed-no-spawn", "--distributed-backend", "gloo", "--ddp-backend", "legacy_ddp"]
 
 
@@ -78,13 +93,37 @@ def run(tool, argv, module, function):
 
 
 def spawn_workers(argv, workers):
-    """What fairseq's spawn does with N GPUs, on CPU: one process per rank."""
+    """What fairseq's spawn does with N GPUs, on CPU: one process per rank, forked (from the server,
+    they start with fairseq imported)."""
     with tempfile.TemporaryDirectory() as meeting:
-        ranks = [subprocess.Popen([sys.executable, "-m", FAIRSEQ["fairseq-train"], *argv,
-                                   "--distributed-world-size", str(workers), "--distributed-rank", str(r),
-                                   "--distributed-init-method", f"file://{meeting}/workers", *GLOO])
-                 for r in range(workers)]
-        return max(rank.wait() for rank in ranks)
+        ranks = []
+        for r in range(workers):
+            rank = [*argv, "--distributed-world-size", str(workers), "--distributed-rank", str(r),
+                    "--distributed-init-method", f"file://{meeting}/workers", *GLOO]
+            sys.stdout.flush()  # or the rank would print it again
+            pid = os.fork()
+            if pid == 0:
+                os._exit(status_of(run, "fairseq-train", rank, FAIRSEQ["fairseq-train"], "cli_main"))
+            ranks.append(pid)
+        return max(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in ranks)
+
+
+def status_of(function, *args):
+    """function(*args) as a process's main: its exit status, an error printed as Python prints it."""
+    status = 1
+    try:
+        function(*args)
+        status = 0
+    except SystemExit as e:
+        if isinstance(e.code, str):
+            print(e.code, file=sys.stderr)
+        status = e.code if isinstance(e.code, int) else int(e.code is not None)
+    except BaseException:
+        traceback.print_exc()
+    with contextlib.suppress(OSError):  # whoever reads its output may be gone
+        sys.stdout.flush()
+        sys.stderr.flush()
+    return status
 
 
 def fairseq_tool(tool):
@@ -127,16 +166,115 @@ def torchrun():
     os.execv(sys.executable, [sys.executable, "-m", "torch.distributed.run", *argv])
 
 
-def entry_point(tool, module, function):
-    """A console script of setup.py, as pip would install it."""
+def write(folder):
+    """The stand-ins, as executables in `folder` (to put first on PATH): fairseq's CLIs, torchrun, and
+    setup.py's console scripts."""
+    os.mkdir(folder)
+    header = f"#!{sys.executable}\nimport sys\nsys.path.insert(0, {TESTS!r})\nimport recipe_shims\n"
+    tools = {tool: f"recipe_shims.main({tool!r})\n" for tool in (*FAIRSEQ, "torchrun")}
+    with open(os.path.join(os.path.dirname(TESTS), "setup.py")) as f:
+        for name, module, function in re.findall(r"[\"']([\w-]+)\s*=\s*([\w.]+):(\w+)[\"']", f.read()):
+            tools[name] = f"recipe_shims.entry_point({name!r}, {module!r}, {function!r})\n"
+    for tool, body in tools.items():
+        path = os.path.join(folder, tool)
+        with open(path, "w") as f:
+            f.write(header + body)
+        os.chmod(path, 0o755)
+
+
+def console_script(tool, module, function):
     written = sys.argv[1:]
     argv = adjust(tool, written)
     log_call(tool, written, argv)
     run(tool, argv, module, function)
 
 
+COMMANDS = {"fairseq": fairseq_tool, "console script": console_script}
+
+
+def entry_point(tool, module, function):
+    """A console script of setup.py, as pip would install it."""
+    launch("console script", tool, module, function)
+
+
 def main(tool):
-    if tool == "torchrun":
+    if tool == "torchrun":  # it execs torch's launcher, whose ranks are stand-ins again
         torchrun()
     else:
-        fairseq_tool(tool)
+        launch("fairseq", tool)
+
+
+def launch(kind, *args):
+    """COMMANDS[kind](*args), by the server when there is one, else in this process."""
+    if "RECIPE_SERVER" not in os.environ:
+        return COMMANDS[kind](*args)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as server:
+        server.connect(os.environ["RECIPE_SERVER"])
+        request = {"command": [kind, *args], "argv": sys.argv, "env": dict(os.environ), "cwd": os.getcwd()}
+        socket.send_fds(server, [json.dumps(request).encode()], [0, 1, 2])
+        status = server.recv(16)
+    sys.exit(int(status) if status else 1)  # no status: the forked process died
+
+
+@contextlib.contextmanager
+def server(path, env, log):
+    """serve(path) in a process of its own while the block runs; its errors go to the file `log`."""
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, __file__, str(path)], env=env, stdin=subprocess.DEVNULL,
+                                stdout=out, stderr=subprocess.STDOUT)
+    try:
+        while not os.path.exists(path):
+            if proc.poll() is not None:
+                raise RuntimeError(f"the command server stopped: {open(log).read()[-3000:]}")
+            time.sleep(0.1)
+        yield
+    finally:
+        proc.kill()
+        proc.wait()
+        os.unlink(path)
+
+
+def serve(path):
+    """Forks a process for each command that connects to the Unix socket `path`."""
+    for module in FAIRSEQ.values():
+        importlib.import_module(module)
+    signal.signal(signal.SIGCHLD, _reap)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as server:
+        server.bind(path)
+        server.listen(64)
+        while True:
+            connection, _ = server.accept()
+            if os.fork() == 0:
+                server.close()
+                _run_forwarded(connection)
+            connection.close()
+
+
+def _reap(signum, frame):
+    """Waits for the forked processes that ended (so that their CPU time counts as the server's children's)."""
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+
+
+def _run_forwarded(connection):
+    """In the forked process: the command, as the stand-in that sent it would run it; never returns."""
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    message, fds, _, _ = socket.recv_fds(connection, 1 << 20, 3)
+    request = json.loads(message)
+    for fd, std in zip(fds, (0, 1, 2)):
+        os.dup2(fd, std)
+        os.close(fd)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    sys.argv = request["argv"]
+    kind, *args = request["command"]
+    status = status_of(COMMANDS[kind], *args)
+    with contextlib.suppress(OSError):  # the stand-in may be gone
+        connection.send(str(status).encode())
+    os._exit(status)
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1])

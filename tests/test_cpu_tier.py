@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import recipe_shims
 from helpers import ENV, run, run_module
 
 REPO = Path(__file__).resolve().parents[1]
@@ -36,8 +37,8 @@ RUNS = ["feedback_dec1", "transformer_dec1", "feedback_dec2", "transformer_dec2"
 
 
 def translation_data(tmp_path):
-    run_module("data_prep.synthetic_translation", "--out", tmp_path / "pairs", "--train", 200, "--valid", 10,
-               "--test", 10, "--vocab", 12, "--max-len", 6)
+    run_module("fairseq_feedback_cli.data_prep.synthetic_translation", "--out", tmp_path / "pairs", "--train", 200,
+               "--valid", 10, "--test", 10, "--vocab", 12, "--max-len", 6)
     run("preprocess", "--source-lang", "src", "--target-lang", "tgt", "--trainpref", tmp_path / "pairs" / "train",
         "--validpref", tmp_path / "pairs" / "valid", "--testpref", tmp_path / "pairs" / "test",
         "--destdir", tmp_path / "de_en", "--joined-dictionary", "--workers", "1")
@@ -61,12 +62,17 @@ def monolingual_data(tmp_path):
 
 def test_the_cpu_tier_runs_end_to_end_and_a_second_run_trains_nothing(tmp_path):
     out = tmp_path / "tier"
-    env = dict(ENV, **TINY, OUT=str(out), DE_EN=str(translation_data(tmp_path)), DOCS=str(monolingual_data(tmp_path)),
-               PLUGIN=str(REPO / "fairseq_feedback"),
-               PATH=f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ['PATH']}")
+    # the tools are stand-ins that a server runs, which imported fairseq once (tests/recipe_shims.py)
+    recipe_shims.write(tmp_path / "bin")
+    server = dict(ENV, RECIPE_SERVER=str(tmp_path / "server.sock"))
+    env = dict(server, **TINY, OUT=str(out), DE_EN=str(translation_data(tmp_path)),
+               DOCS=str(monolingual_data(tmp_path)), PLUGIN=str(REPO / "fairseq_feedback"),
+               PATH=os.pathsep.join([str(tmp_path / "bin"), os.path.dirname(sys.executable), os.environ["PATH"]]))
 
     def tier():
-        proc = subprocess.run(["bash", str(SCRIPT)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+        with recipe_shims.server(tmp_path / "server.sock", server, tmp_path / "server.log"):
+            proc = subprocess.run(["bash", str(SCRIPT)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                                  timeout=900)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         return proc.stdout
 

@@ -435,8 +435,8 @@ def test_an_epoch_of_a_real_corpus_fits_the_cache_and_the_next_epoch_finds_its_g
 @pytest.fixture(scope="module")
 def synthetic_translation(tmp_path_factory):
     root = tmp_path_factory.mktemp("synthetic")
-    run_module("data_prep.synthetic_translation", "--out", root / "corpus", "--train", 300, "--vocab", 12,
-               "--max-len", 8)
+    run_module("fairseq_feedback_cli.data_prep.synthetic_translation", "--out", root / "corpus", "--train", 300,
+               "--vocab", 12, "--max-len", 8)
     run("preprocess", "--source-lang", "src", "--target-lang", "tgt", "--trainpref", root / "corpus" / "train",
         "--validpref", root / "corpus" / "valid", "--testpref", root / "corpus" / "valid", "--destdir",
         root / "data", "--joined-dictionary", "--workers", "1")

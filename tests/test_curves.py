@@ -2,9 +2,10 @@
 
 import json
 
+import matplotlib.pyplot as plt
 from helpers import error_of
 
-from fairseq_feedback_cli import curves
+from fairseq_feedback_cli import curves, plots
 
 
 def write_log(path, records):
@@ -37,6 +38,16 @@ def test_log_curves_add_up_the_clock_of_resumed_runs(tmp_path, capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[2:] == ["| feedback | 200 | 16.25 | 0.75 |", "| transformer | 200 | 22.60 | 0.10 |"]
     assert (tmp_path / "curve.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_perplexity_is_drawn_on_a_log_axis_and_other_metrics_on_a_linear_one():
+    """A perplexity falls by orders of magnitude early on; on a linear axis the late differences vanish."""
+    runs = {"feedback": [(100, 0.1, 300.0), (200, 0.2, 21.0), (300, 0.3, 18.5)],
+            "transformer": [(100, 0.1, 280.0), (200, 0.2, 23.0), (300, 0.3, 20.5)]}
+    for metric, scale in (("valid_ppl", "log"), ("valid_loss", "linear"), ("valid_bleu", "linear")):
+        fig = plots.validation_curves(runs, metric)
+        assert [ax.get_yscale() for ax in fig.axes] == [scale, scale], metric  # against updates and hours
+        plt.close(fig)
 
 
 def evaluation(task, updates, acc, episode_acc, seconds):

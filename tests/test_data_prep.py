@@ -17,11 +17,11 @@ from fairseq.data import Dictionary, data_utils
 
 import data_prep_fixtures as fx
 from helpers import run_script, script_error
-from data_prep import downloads, steps, text, translation
-from data_prep import prepare_cnn_dm as cnn
-from data_prep import prepare_iwslt14_de_en as iwslt
-from data_prep import prepare_wikitext103 as wiki
-from data_prep import prepare_wmt14_en_de as wmt
+from fairseq_feedback_cli.data_prep import downloads, steps, text, translation
+from fairseq_feedback_cli.data_prep import prepare_cnn_dm as cnn
+from fairseq_feedback_cli.data_prep import prepare_iwslt14_de_en as iwslt
+from fairseq_feedback_cli.data_prep import prepare_wikitext103 as wiki
+from fairseq_feedback_cli.data_prep import prepare_wmt14_en_de as wmt
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -162,7 +162,8 @@ def test_missing_raw_file_is_named(tmp_path):
     assert "IWSLT14.TED.tst2011.de-en.en.xml" in message and "de-en.tgz" in message
 
 
-@pytest.mark.parametrize("how", [["-m", "data_prep.prepare_wikitext103"], ["data_prep/prepare_iwslt14_de_en.py"]])
+@pytest.mark.parametrize("how", [["-m", "fairseq_feedback_cli.data_prep.prepare_wikitext103"],
+                                 ["fairseq_feedback_cli/data_prep/prepare_iwslt14_de_en.py"]])
 def test_command_line_error_is_one_line(tmp_path, how):
     (tmp_path / "raw").mkdir()
     proc = subprocess.run([sys.executable, *how, "--raw", str(tmp_path / "raw"), *map(str, dirs(tmp_path))],

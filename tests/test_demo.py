@@ -4,9 +4,8 @@ checkpoints it evaluates and the commands it runs."""
 import os
 
 import pytest
-from helpers import train_toy_model
 
-from fairseq_feedback_cli import demo
+from fairseq_feedback_cli import demo, plots
 from fairseq_feedback_cli.command_line import fail
 from fairseq_feedback_cli.outputs import atomic_folder
 
@@ -25,7 +24,7 @@ def test_demo_table_and_plot(tmp_path):
     assert [c.strip() for c in lines[0].strip("|").split("|")] == [
         "updates", "feedback acc", "feedback episode_acc", "transformer acc", "transformer episode_acc"]
     assert [c.strip() for c in lines[3].strip("|").split("|")] == ["200", "90.0", "25.0", "35.0", "0.0"]
-    demo.plot(fake_results(), "random_walk", str(tmp_path / "a.png"), title="t")
+    plots.save(plots.toy_accuracy(fake_results(), "random_walk", title="t"), tmp_path / "a.png")
     assert (tmp_path / "a.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -67,14 +66,19 @@ def test_demo_failure_leaves_the_previous_results(tmp_path, monkeypatch):
     assert sorted(os.listdir(tmp_path)) == ["demo"] and (out / "results.md").read_text() == "old"
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    return train_toy_model(tmp_path_factory.mktemp("toy"))
-
-
-def test_demo_checkpoints_and_commands(trained, tmp_path):
-    _, data, ckpt = trained
+def test_demo_checkpoints_and_commands(toy_model, tmp_path):
+    _, data, ckpt = toy_model
     found, final = demo.checkpoints(str(ckpt.parent), 3)
     assert found == {3: str(ckpt)} and final == 3
     cmd = demo.train_command(str(data), str(tmp_path), demo.CONFIG, demo.MODELS["transformer"])
     assert "--no-feedback" in cmd and cmd[cmd.index("--max-update") + 1] == str(demo.CONFIG["updates"])
+
+
+def test_demo_data_is_the_generated_task_binarized_with_its_labels(tmp_path):
+    raw, data = demo.make_data(str(tmp_path / "data"), demo.TINY, demo.child_env(1))
+    lines = {kind: (tmp_path / "data" / "raw" / "random_walk" / f"test.{kind}").read_text().splitlines()
+             for kind in ("input", "labels")}
+    assert raw == str(tmp_path / "data" / "raw" / "random_walk") and len(lines["input"]) == demo.TINY["sizes"]["test"]
+    assert [len(line.split()) for line in lines["input"]] == [len(line.split()) for line in lines["labels"]]
+    binarized = {"dict.txt"} | {f"{split}.{ext}" for split in ("train", "valid", "test") for ext in ("bin", "idx")}
+    assert binarized <= set(os.listdir(data)) and binarized <= set(os.listdir(os.path.join(data, "labels")))

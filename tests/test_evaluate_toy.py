@@ -6,10 +6,11 @@ import random
 
 import pytest
 import torch
-from helpers import TOY_SIZES, error_of, run_module, train_toy_model
+from helpers import TOY_SIZES, error_of, run_module
 
-from data_prep import toy_tasks as tt
-from fairseq_feedback_cli import evaluate_toy
+from fairseq_feedback_cli import evaluate_toy, toy_evaluation
+from fairseq_feedback_cli.data_prep import toy_tasks as tt
+from fairseq_feedback_cli.toy_scoring import METRICS, score
 
 
 def read(path):
@@ -37,7 +38,7 @@ def test_a_perfect_and_a_wrong_predictions_file(tmp_path, task, capsys):
     perfect = tmp_path / "perfect.txt"
     write(perfect, labels)
     result = evaluate_toy.main(["--task", task, "--predictions", str(perfect), "--raw", os.path.join(raw, "test.labels")])
-    token_metric, line_metric = tt.METRICS[task]
+    token_metric, line_metric = METRICS[task]
     assert (result[token_metric], result[line_metric]) == (1.0, 1.0)
     assert result["lines"] == 6 and result["scored"] == sum(l != "_" for line in labels for l in line)
     assert f"{token_metric} 100.00  {line_metric} 100.00" in capsys.readouterr().out
@@ -78,7 +79,7 @@ def test_bad_predictions_and_arguments_are_one_line(tmp_path):
 def test_predictions_get_the_umasks_permissions(tmp_path):
     previous = os.umask(0o022)
     try:
-        evaluate_toy.write_lines(str(tmp_path / "pred.txt"), [["c1", "c2"]])
+        toy_evaluation.write_lines(str(tmp_path / "pred.txt"), [["c1", "c2"]])
     finally:
         os.umask(previous)
     assert os.stat(tmp_path / "pred.txt").st_mode & 0o777 == 0o644  # readable by others, as any file they write
@@ -87,13 +88,8 @@ def test_predictions_get_the_umasks_permissions(tmp_path):
 # --- a trained checkpoint, end to end --------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    return train_toy_model(tmp_path_factory.mktemp("toy"))
-
-
-def test_evaluating_a_checkpoint_writes_aligned_predictions_and_scores_them(trained, tmp_path):
-    raw, data, ckpt = trained
+def test_evaluating_a_checkpoint_writes_aligned_predictions_and_scores_them(toy_model, tmp_path):
+    raw, data, ckpt = toy_model
     out = tmp_path / "pred.txt"
     proc = run_module("fairseq_feedback_cli.evaluate_toy", "--task", "random_walk", "--data", data, "--path", ckpt,
                       "--raw", f"{raw}/test.labels", "--output", out, "--json")
@@ -102,17 +98,17 @@ def test_evaluating_a_checkpoint_writes_aligned_predictions_and_scores_them(trai
     assert [len(line) for line in predicted] == [len(line) for line in labels]
     assert len(predicted) == TOY_SIZES["test"]
     assert result["updates"] == 3 and result["lines"] == TOY_SIZES["test"]
-    assert {k: result[k] for k in ("acc", "episode_acc")} == tt.score("random_walk", labels, predicted)
+    assert {k: result[k] for k in ("acc", "episode_acc")} == score("random_walk", labels, predicted)
     assert [f for f in os.listdir(tmp_path) if f != "pred.txt"] == []  # no temporary file left
 
 
-def test_predictions_are_the_argmax_of_the_model_over_the_whole_stream(trained, tmp_path):
+def test_predictions_are_the_argmax_of_the_model_over_the_whole_stream(toy_model, tmp_path):
     """Read in blocks with the memory carried, one stream gives the argmax of a
     single pass over the whole split: the predictions land on the right tokens."""
-    raw, data, ckpt = trained
-    result = evaluate_toy.evaluate("random_walk", str(data), str(ckpt), split="valid", batch_size=1,
+    raw, data, ckpt = toy_model
+    result = toy_evaluation.evaluate("random_walk", str(data), str(ckpt), split="valid", batch_size=1,
                                    output=str(tmp_path / "valid.txt"))
-    model, task, _, _ = evaluate_toy.load(str(ckpt), str(data))
+    model, task, _, _ = toy_evaluation.load(str(ckpt), str(data))
     model.eval()
     task.load_dataset("valid")
     dataset = task.dataset("valid")
@@ -125,12 +121,12 @@ def test_predictions_are_the_argmax_of_the_model_over_the_whole_stream(trained, 
         start += size
     assert read(tmp_path / "valid.txt") == expected
     # scored against the binarized labels when no raw file is given: the same as against the raw file
-    assert {k: result[k] for k in ("acc", "episode_acc")} == tt.score("random_walk", read(f"{raw}/valid.labels"),
-                                                                      expected)
+    assert {k: result[k] for k in ("acc", "episode_acc")} == score("random_walk", read(f"{raw}/valid.labels"),
+                                                                   expected)
 
 
-def test_a_checkpoint_with_other_data_is_one_line(trained, tmp_path):
-    raw, data, ckpt = trained
+def test_a_checkpoint_with_other_data_is_one_line(toy_model, tmp_path):
+    raw, data, ckpt = toy_model
     assert "does not match the test split" in main_error(
         "--task", "random_walk", "--data", data, "--path", ckpt, "--raw", f"{raw}/valid.labels",
         "--output", tmp_path / "p.txt")

@@ -252,8 +252,8 @@ def test_graphed_beam_search_and_sampling_equal_eager(device):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_fairseq_train_fp16_with_captured_graphs_follows_the_eager_loss_curve(tmp_path):
     """(On the CPU, tests/test_cuda_graph_safety.py runs fairseq-train through the stand-in.)"""
-    run_module("data_prep.synthetic_translation", "--out", tmp_path / "corpus", "--train", 2000, "--vocab", 12,
-               "--max-len", 8)
+    run_module("fairseq_feedback_cli.data_prep.synthetic_translation", "--out", tmp_path / "corpus", "--train", 2000,
+               "--vocab", 12, "--max-len", 8)
     run("preprocess", "--source-lang", "src", "--target-lang", "tgt", "--trainpref", tmp_path / "corpus" / "train",
         "--validpref", tmp_path / "corpus" / "valid", "--destdir", tmp_path / "data", "--joined-dictionary",
         "--workers", "1")

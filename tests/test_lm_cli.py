@@ -14,7 +14,7 @@ def trained(tmp_path_factory):
     write_lm_corpus(root / "corpus", 300)
     preprocess_lm(root / "corpus", root / "data-bin")
     log = run("train", root / "data-bin", *LM_MODEL, *ADAM, "--tokens-per-sample", 16, "--batch-size", 4,
-              "--max-update", 60, "--save-dir", root / "checkpoints").stdout
+              "--max-update", 60, "--save-dir", root / "checkpoints", "--log-file", root / "train.log").stdout
     return root, log
 
 
@@ -23,6 +23,15 @@ def test_training_scores_every_token_and_learns(trained):
     train_tokens = sum(len(line.split()) + 1 for line in open(root / "corpus" / "train.txt"))
     assert f"train: {train_tokens} tokens, each scored once, in 4 streams" in log
     assert last_number(r"valid on 'valid' subset \| loss ([\d.]+)", log) < last_number(r"epoch 001 .*?loss ([\d.]+)", log)
+
+
+def test_the_log_file_holds_each_line_once_whatever_the_epochs(trained):
+    """fairseq-train adds a --log-file handler at every epoch, and its lines came once per epoch so far."""
+    root, log = trained
+    assert "epoch 002" in log
+    lines = (root / "train.log").read_text().splitlines()
+    assert sum(line.startswith("epoch 002") for line in lines) >= 2
+    assert [a for a, b in zip(lines, lines[1:]) if a == b] == []
 
 
 def test_eval_lm_carries_memory_so_the_block_length_does_not_matter(trained):

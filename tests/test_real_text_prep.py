@@ -18,10 +18,10 @@ from fairseq.data import Dictionary, data_utils
 
 import data_prep_fixtures as fx
 from helpers import run_script, script_error
-from data_prep import prepare_debian_de_en as de_en
-from data_prep import prepare_debian_docs as docs
-from data_prep.text import moses
-from data_prep.debian import normalized
+from fairseq_feedback_cli.data_prep import prepare_debian_de_en as de_en
+from fairseq_feedback_cli.data_prep import prepare_debian_docs as docs
+from fairseq_feedback_cli.data_prep.debian import normalized
+from fairseq_feedback_cli.data_prep.text import moses
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -117,8 +117,9 @@ def test_de_en_bad_inputs_are_one_line_errors(tmp_path, de_en_raw):
     assert "--test nosuch: no input comes from it; the inputs' source packages are coreutils gimp gnucash" in \
         script_error(de_en, "--raw", raw, *dirs(tmp_path), "--test", "nosuch")
     # the command line: one line, no traceback
-    proc = subprocess.run([sys.executable, "-m", "data_prep.prepare_debian_de_en", "--raw", str(tmp_path / "empty"),
-                           "--dest", str(tmp_path / "d")], cwd=REPO, capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "fairseq_feedback_cli.data_prep.prepare_debian_de_en",
+                           "--raw", str(tmp_path / "empty"), "--dest", str(tmp_path / "d")],
+                          cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 1 and proc.stderr.strip().count("\n") == 0 and proc.stderr.startswith("error: ")
 
 

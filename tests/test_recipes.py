@@ -19,7 +19,8 @@ Tables 8 and 9 (and the batch size per update against the recipe's), by
 parsing what each README's fairseq-train calls were given.
 
 The recipes run concurrently in the background, started when the first
-test of this file runs.
+test of this file runs, their commands by one server that imported torch
+and fairseq once (tests/recipe_shims.py).
 """
 
 import json
@@ -39,10 +40,10 @@ import torch
 from helpers import PLUGIN
 
 import data_prep_fixtures as fx
-from data_prep.toy_tasks import METRICS
+import recipe_shims
+from fairseq_feedback_cli.toy_scoring import METRICS
 
 REPO = Path(__file__).resolve().parents[1]
-TESTS = Path(__file__).resolve().parent
 RECIPE_TIMEOUT = 1200  # stops a hung recipe; the toy recipe passed 600 s on 2 cores shared with another run
 
 
@@ -88,7 +89,8 @@ class Recipe:
 
 
 def _prepare(script):
-    return (f"python -m data_prep.{script}", f"python -m data_prep.{script} --raw {{raw}} --workers 1")
+    command = f"python -m fairseq_feedback_cli.data_prep.{script}"
+    return command, f"{command} --raw {{raw}} --workers 1"
 
 
 TABLE8 = {
@@ -175,25 +177,6 @@ def script_of(recipe: Recipe, raw: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_shims(folder: Path) -> None:
-    """Stand-ins on PATH: fairseq's CLIs, torchrun, and setup.py's console scripts."""
-    folder.mkdir()
-    header = f"#!{sys.executable}\nimport sys\nsys.path.insert(0, {str(TESTS)!r})\nimport recipe_shims\n"
-    tools = {tool: f"recipe_shims.main({tool!r})\n"
-             for tool in ("fairseq-preprocess", "fairseq-train", "fairseq-generate", "fairseq-eval-lm", "torchrun")}
-    for name, module, function in console_scripts():
-        tools[name] = f"recipe_shims.entry_point({name!r}, {module!r}, {function!r})\n"
-    for tool, body in tools.items():
-        path = folder / tool
-        path.write_text(header + body)
-        path.chmod(0o755)
-
-
-def console_scripts():
-    text = (REPO / "setup.py").read_text()
-    return re.findall(r"[\"']([\w-]+)\s*=\s*([\w.]+):(\w+)[\"']", text)
-
-
 @dataclass
 class Run:
     recipe: Recipe
@@ -222,18 +205,24 @@ class Run:
         return [c for c in calls if tool is None or c["tool"] == tool]
 
 
+def environment(root: Path) -> dict:
+    """What the recipes and the command server run with."""
+    return dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore",
+                RECIPE_SERVER=str(root / "server.sock"))
+
+
 def start(recipe: Recipe, root: Path) -> Run:
     work = root / recipe.name
     work.mkdir(parents=True)
     raw = root / f"{recipe.name}-raw"
     counts = recipe.write_raw(raw)
     (work / "fairseq_feedback").symlink_to(PLUGIN, target_is_directory=True)
-    write_shims(root / f"{recipe.name}-bin")
+    recipe_shims.write(root / f"{recipe.name}-bin")
     script = work / "recipe.sh"
     script.write_text(script_of(recipe, raw))
-    env = dict(os.environ, PATH=f"{root / f'{recipe.name}-bin'}{os.pathsep}{Path(sys.executable).parent}"
-                                f"{os.pathsep}{os.environ.get('PATH', '')}",
-               PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore",
+    env = dict(environment(root),
+               PATH=f"{root / f'{recipe.name}-bin'}{os.pathsep}{Path(sys.executable).parent}"
+                    f"{os.pathsep}{os.environ.get('PATH', '')}",
                RECIPE_OVERRIDES=json.dumps(recipe.overrides, default=str), RECIPE_CALLS=str(work / "calls.jsonl"))
     log = work / "output.log"
     with open(log, "w") as out:
@@ -251,12 +240,13 @@ def runs(request, tmp_path_factory):
     if not wanted:
         yield {}
         return
-    started = {name: start(RECIPES[name], root) for name in dict.fromkeys(wanted)}
-    yield started
-    for run in started.values():
-        if run.proc.poll() is None:
-            run.proc.kill()
-            run.proc.wait()
+    with recipe_shims.server(root / "server.sock", environment(root), root / "server.log"):
+        started = {name: start(RECIPES[name], root) for name in dict.fromkeys(wanted)}
+        yield started
+        for run in started.values():
+            if run.proc.poll() is None:
+                run.proc.kill()
+                run.proc.wait()
 
 
 # ------------------------------------------------- checks of what the recipes ran

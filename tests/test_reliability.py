@@ -13,7 +13,7 @@ import torch
 from helpers import (ENV, LM_MODEL, PLUGIN, TRANSLATION_MODEL, error_lines, last_number, preprocess_lm,
                      preprocess_translation, run, train_on_two_workers, write_lm_corpus)
 
-from data_prep.synthetic_translation import write_corpus
+from fairseq_feedback_cli.data_prep.synthetic_translation import write_corpus
 
 # SGD and no dropout: parameters of two runs on the same batches are equal, not
 # only close (Adam rescales float noise of zero gradients into full steps)
@@ -253,20 +253,25 @@ import sys
 
 import torch
 from fairseq import checkpoint_utils
-from fairseq.data import data_utils
+from fairseq.data import Dictionary, LanguagePairDataset, TokenBlockDataset, data_utils
 from fairseq.distributed import utils as distributed_utils
+from fairseq.logging import progress_bar
 
 
 def state():
     return (sys.excepthook, data_utils.batch_by_size, data_utils.load_indexed_dataset, checkpoint_utils.PathManager,
             checkpoint_utils.load_checkpoint, checkpoint_utils.load_checkpoint_to_cpu, distributed_utils.call_main,
-            set(map(str, torch.serialization.get_safe_globals())))
+            progress_bar.progress_bar, set(map(str, torch.serialization.get_safe_globals())))
 
 
 before = state()
 from fairseq_feedback.models import FeedbackTransformerModel
 
 assert state() == before, "importing the plugin changed fairseq or torch"
+# fairseq's data classes that read numpy 1's np.compat.long, built here on numpy 2
+lines, sizes, dictionary = [torch.tensor([4, 5, 2]), torch.tensor([6, 2])], [3, 2], Dictionary()
+assert len(TokenBlockDataset(lines, sizes, block_size=None, pad=1, eos=2, break_mode="eos")) == 2
+assert LanguagePairDataset(lines, sizes, dictionary, lines, sizes, dictionary, num_buckets=2).buckets
 hub = FeedbackTransformerModel.from_pretrained(*sys.argv[1:])
 assert state() == before, "loading through the hub left the allowlist changed"
 print(hub.translate("s1 s2 s3"))
@@ -275,7 +280,8 @@ print(hub.translate("s1 s2 s3"))
 
 def test_importing_the_plugin_changes_nothing_and_the_hub_still_loads(killed_run, translation_data, tmp_path):
     """A program of one's own that imports the plugin keeps fairseq and torch
-    as they were, and loads a checkpoint through the hub all the same."""
+    as they were (but for the numpy 2 fix of fairseq's data classes, which it
+    can build), and loads a checkpoint through the hub all the same."""
     (tmp_path / "mine.py").write_text(NO_EFFECT)
     proc = subprocess.run([sys.executable, "mine.py", killed_run, "checkpoint_1_3.pt", translation_data],
                           cwd=tmp_path, env=ENV, capture_output=True, text=True)

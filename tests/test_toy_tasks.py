@@ -2,7 +2,8 @@ import os
 
 import pytest
 
-from data_prep import toy_tasks as tt
+from fairseq_feedback_cli import toy_scoring
+from fairseq_feedback_cli.data_prep import toy_tasks as tt
 
 TASKS = ("copy", "reverse", "counting", "random_walk", "algorithmic")
 SMALL = ["--train", "6", "--valid", "2", "--test", "2"]
@@ -170,29 +171,29 @@ def test_execute_program_by_hand():
 def test_score_perfect_on_generated_labels(tmp_path):
     for task in TASKS:
         _, labels = read(generate(tmp_path, task), "valid")
-        key_token, key_line = tt.METRICS[task]
-        assert tt.score(task, labels, labels) == {key_token: 1.0, key_line: 1.0}
+        key_token, key_line = toy_scoring.METRICS[task]
+        assert toy_scoring.score(task, labels, labels) == {key_token: 1.0, key_line: 1.0}
 
 
 def test_score_hand_made():
     labels = ["_ _ 3 1 .", "_ _ 7 7 ."]
     # line 1 all right (a wrong guess under `_` is not counted), line 2 one wrong of three
     predicted = ["9 9 3 1 .", "_ _ 7 2 ."]
-    assert tt.score("copy", labels, predicted) == {"char_acc": 5 / 6, "seq_acc": 0.5}
+    assert toy_scoring.score("copy", labels, predicted) == {"char_acc": 5 / 6, "seq_acc": 0.5}
     labels = ["_ _ 4 _ 5", "_ _ _", "2 _ _"]  # the middle line has nothing to score
     predicted = [["x", "x", "4", "x", "6"], "_ _ _", "3 _ _"]
-    assert tt.score("algorithmic", labels, predicted) == {"acc": 1 / 3, "episode_acc": 0.0}
-    assert tt.score("random_walk", ["c1 c2", "c3 c4"], ["c1 c2", "c3 c5"]) == {
+    assert toy_scoring.score("algorithmic", labels, predicted) == {"acc": 1 / 3, "episode_acc": 0.0}
+    assert toy_scoring.score("random_walk", ["c1 c2", "c3 c4"], ["c1 c2", "c3 c5"]) == {
         "acc": 0.75, "episode_acc": 0.5}
 
 
 def test_score_rejects_mismatched_shapes():
     with pytest.raises(ValueError):
-        tt.score("copy", ["_ 1 ."], ["_ 1 . ."])
+        toy_scoring.score("copy", ["_ 1 ."], ["_ 1 . ."])
     with pytest.raises(ValueError):
-        tt.score("copy", ["_ 1 .", "_ 2 ."], ["_ 1 ."])
+        toy_scoring.score("copy", ["_ 1 .", "_ 2 ."], ["_ 1 ."])
     with pytest.raises(ValueError):
-        tt.score("nope", ["_ 1 ."], ["_ 1 ."])
+        toy_scoring.score("nope", ["_ 1 ."], ["_ 1 ."])
 
 
 # --- command line and atomic output -------------------------------------------------

@@ -18,7 +18,8 @@ TINY = [*TRANSLATION_MODEL, *ADAM, "--max-tokens", "1000"]
 def trained(tmp_path_factory):
     root = tmp_path_factory.mktemp("translation")
     corpus, data, checkpoints = root / "corpus", root / "data-bin", root / "checkpoints"
-    run_module("data_prep.synthetic_translation", "--out", corpus, "--train", 2000, "--vocab", 12, "--max-len", 8)
+    run_module("fairseq_feedback_cli.data_prep.synthetic_translation", "--out", corpus, "--train", 2000, "--vocab", 12,
+               "--max-len", 8)
     preprocess_translation(corpus, data)
     # 400 updates: at 300, whether both test sentences come out right depends on the seed
     log = run("train", data, *TINY, "--max-update", 400, "--save-dir", checkpoints).stdout
@@ -38,8 +39,8 @@ def test_generate_translates_every_test_sentence(trained, tmp_path):
     """fairseq drops a last batch smaller than --required-batch-size-multiple
     (8); the plugin gives those sentences back."""
     data, checkpoints, _ = trained
-    run_module("data_prep.synthetic_translation", "--out", tmp_path / "corpus", "--train", 20, "--valid", 5,
-               "--test", 13, "--vocab", 12)
+    run_module("fairseq_feedback_cli.data_prep.synthetic_translation", "--out", tmp_path / "corpus", "--train", 20,
+               "--valid", 5, "--test", 13, "--vocab", 12)
     run("preprocess", "--source-lang", "src", "--target-lang", "tgt", "--testpref", tmp_path / "corpus" / "test",
         "--destdir", tmp_path / "data", "--srcdict", data / "dict.src.txt", "--tgtdict", data / "dict.tgt.txt",
         "--workers", "1")
@@ -131,7 +132,8 @@ def test_missing_dictionary_is_one_line(trained, tmp_path):
 
 def test_checkpoint_with_another_dictionary_is_one_line(trained, tmp_path):
     _, checkpoints, _ = trained
-    run_module("data_prep.synthetic_translation", "--out", tmp_path / "corpus", "--train", 50, "--vocab", 20)
+    run_module("fairseq_feedback_cli.data_prep.synthetic_translation", "--out", tmp_path / "corpus", "--train", 50,
+               "--vocab", 20)
     preprocess_translation(tmp_path / "corpus", tmp_path / "other")
     proc = run("generate", tmp_path / "other", "--path", checkpoints / "checkpoint_last.pt", "--cpu", check=False)
     assert "dictionary has" in last_line(proc) and "the model was trained with" in last_line(proc)

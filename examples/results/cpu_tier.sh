@@ -5,7 +5,7 @@
 #     bash examples/results/cpu_tier.sh          # from the repository's root
 #
 # Reads data-bin/debian_de_en and data-bin/debian_docs (made by
-# data_prep.prepare_debian_de_en / prepare_debian_docs), generates the
+# fairseq_feedback_cli.data_prep.prepare_debian_de_en / prepare_debian_docs), generates the
 # toy tasks, trains, evaluates, and writes into $OUT (default
 # runs/cpu_tier): one folder per model (train.log, checkpoints, test output),
 # the learning curves (plots/*.png) and summary.md (the rows of the page).
@@ -137,7 +137,7 @@ transformer_lm() {
 toy_data() {  # toy_data NAME KIND OPTIONS...: the episodes and their binarized inputs and labels, built aside then moved in place
     local raw=$OUT/data/$1 bin=$OUT/data/$1-bin kind=$2
     if [ ! -d "$raw" ]; then
-        python -m data_prep.toy_tasks "$kind" --seed 1 ${@:3} --out "$raw"
+        python -m fairseq_feedback_cli.data_prep.toy_tasks "$kind" --seed 1 ${@:3} --out "$raw"
     fi
     if [ ! -d "$bin" ]; then
         rm -rf "$bin.tmp"

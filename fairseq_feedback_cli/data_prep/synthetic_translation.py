@@ -4,7 +4,7 @@ Source sentences are random words; the target "translates" every word by a
 fixed dictionary and reverses the word order, so a decoder has to attend over
 the whole source and keep track of where it is. Deterministic for a seed.
 
-    python -m data_prep.synthetic_translation --out DIR [--train 4000 ...]
+    python -m fairseq_feedback_cli.data_prep.synthetic_translation --out DIR [--train 4000 ...]
 
 writes DIR/{train,valid,test}.{src,tgt}, ready for fairseq-preprocess.
 """

@@ -1,6 +1,6 @@
 """Algorithmic toy tasks of the Feedback Transformer paper (Table 1, appendix 7.1, 7.4).
 
-    python -m data_prep.toy_tasks TASK --out DIR --seed N [--train N ...] [task flags]
+    python -m fairseq_feedback_cli.data_prep.toy_tasks TASK --out DIR --seed N [--train N ...] [task flags]
 
 writes DIR/TASK/{train,valid,test}.{input,labels}: one episode per line, the two
 files aligned token for token. The model reads the input stream (episodes joined
@@ -23,10 +23,10 @@ from functools import partial
 
 from fairseq_feedback_cli.command_line import ArgumentParser, check_at_least, fail
 from fairseq_feedback_cli.outputs import atomic_folder
+from fairseq_feedback_cli.toy_scoring import NO_LOSS
 
 SPLITS = ("train", "valid", "test")
 DEFAULT_SIZES = {"train": 10000, "valid": 1000, "test": 1000}
-NO_LOSS = "_"
 
 # --- copy, reverse, counting ------------------------------------------------------
 
@@ -253,7 +253,7 @@ def _execute_simple(stmt, state, printed):
         raise ValueError(f"{stmt[0]} = {state[stmt[0]]} is outside {LOW}..{HIGH}")
 
 
-# --- generation and scoring -------------------------------------------------------
+# --- generation ----------------------------------------------------------------
 
 EPISODES = {
     "copy": partial(_digits_episode, reverse=False),
@@ -261,14 +261,6 @@ EPISODES = {
     "counting": _counting_episode,
     "random_walk": _walk_episode,
     "algorithmic": _program_episode,
-}
-# Table 1 reports char / seq accuracy for the first three, plain accuracy for the others
-METRICS = {
-    "copy": ("char_acc", "seq_acc"),
-    "reverse": ("char_acc", "seq_acc"),
-    "counting": ("char_acc", "seq_acc"),
-    "random_walk": ("acc", "episode_acc"),
-    "algorithmic": ("acc", "episode_acc"),
 }
 
 
@@ -292,36 +284,6 @@ def write_task(out, task, seed, sizes, force=False, **options):
                     fin.write(" ".join(tokens) + "\n")
                     flab.write(" ".join(labels) + "\n")
     return final
-
-
-def score(task, labels_lines, predicted_lines):
-    """Table-1 metrics from aligned label and prediction lines (strings or token lists).
-
-    Token accuracy counts every labelled position; a line counts as solved when all
-    its labelled positions are right. Positions labelled `_` are skipped, and so
-    are lines without any labelled position.
-    """
-    if task not in METRICS:
-        raise ValueError(f"unknown task {task!r}")
-    labels_lines, predicted_lines = list(labels_lines), list(predicted_lines)
-    if len(labels_lines) != len(predicted_lines):
-        raise ValueError(f"{len(labels_lines)} label lines but {len(predicted_lines)} predicted")
-    hits = total = solved = lines = 0
-    for n, (labels, predicted) in enumerate(zip(labels_lines, predicted_lines), 1):
-        labels = labels.split() if isinstance(labels, str) else labels
-        predicted = predicted.split() if isinstance(predicted, str) else predicted
-        if len(labels) != len(predicted):
-            raise ValueError(f"line {n}: {len(labels)} labels but {len(predicted)} predictions")
-        checked = [l == p for l, p in zip(labels, predicted) if l != NO_LOSS]
-        if checked:
-            hits += sum(checked)
-            total += len(checked)
-            solved += all(checked)
-            lines += 1
-    if not total:
-        raise ValueError("no labelled positions to score")
-    token_key, line_key = METRICS[task]
-    return {token_key: hits / total, line_key: solved / lines}
 
 
 # --- command line -------------------------------------------------------------------

@@ -34,13 +34,13 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a file: make the data_prep package importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from data_prep import debian
-from data_prep.arguments import log, make_parser, resolve_dirs, run_cli
-from data_prep.steps import binarize, dest_is_done, step
-from data_prep.text import apply_bpe, learn_bpe, tokenize, write_lines
 from fairseq_feedback_cli.command_line import fail
+from fairseq_feedback_cli.data_prep import debian
+from fairseq_feedback_cli.data_prep.arguments import log, make_parser, resolve_dirs, run_cli
+from fairseq_feedback_cli.data_prep.steps import binarize, dest_is_done, step
+from fairseq_feedback_cli.data_prep.text import apply_bpe, learn_bpe, tokenize, write_lines
 
 NAME = "debian_docs"
 # Measured on bookworm (examples/debian_docs/README.md): 5.5M words of prose.

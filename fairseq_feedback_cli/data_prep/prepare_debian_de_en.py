@@ -4,7 +4,7 @@ Programs translated with gettext ship one compiled catalog (.mo) per
 language; a German one, under .../de/LC_MESSAGES/, maps each English message
 of the program (msgid) to its German translation (msgstr). This script reads
 the German catalogs of --packages (downloaded from Debian, see
-data_prep/debian.py; or the .deb, .mo and .po files of --raw), keeps the
+fairseq_feedback_cli/data_prep/debian.py; or the .deb, .mo and .po files of --raw), keeps the
 messages that are sentences, and makes a de-en corpus of them:
 
 - dropped: plural forms, fuzzy and untranslated entries (and translations
@@ -36,13 +36,13 @@ from collections import Counter
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a file: make the data_prep package importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from data_prep import debian
-from data_prep.arguments import log, make_parser, resolve_dirs, run_cli
-from data_prep.text import tokenize, write_lines
-from data_prep.translation import Corpus, JointBPE, prepare_translation
 from fairseq_feedback_cli.command_line import fail
+from fairseq_feedback_cli.data_prep import debian
+from fairseq_feedback_cli.data_prep.arguments import log, make_parser, resolve_dirs, run_cli
+from fairseq_feedback_cli.data_prep.text import tokenize, write_lines
+from fairseq_feedback_cli.data_prep.translation import Corpus, JointBPE, prepare_translation
 
 NAME = "debian_de_en"
 LANGS = ("de", "en")

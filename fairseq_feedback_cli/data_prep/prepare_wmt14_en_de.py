@@ -14,13 +14,13 @@ import sys
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a file: make the data_prep package importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from data_prep.arguments import log, resolve_dirs, run_cli
-from data_prep.downloads import Archive, describe_sources, gather_inputs, in_raw
-from data_prep.text import read_lines, sgm_segments, tokenize, write_lines
-from data_prep.translation import Corpus, JointBPE, prepare_translation, translation_parser
 from fairseq_feedback_cli.command_line import fail
+from fairseq_feedback_cli.data_prep.arguments import log, resolve_dirs, run_cli
+from fairseq_feedback_cli.data_prep.downloads import Archive, describe_sources, gather_inputs, in_raw
+from fairseq_feedback_cli.data_prep.text import read_lines, sgm_segments, tokenize, write_lines
+from fairseq_feedback_cli.data_prep.translation import Corpus, JointBPE, prepare_translation, translation_parser
 
 NAME = "wmt14_en_de"
 SRC, TGT = "en", "de"

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, Iterable, Iterator, List, Sequence, Tuple
 
-from data_prep.arguments import log
-from data_prep.downloads import Archive, download, file_digest
 from fairseq_feedback_cli.command_line import fail
+from fairseq_feedback_cli.data_prep.arguments import log
+from fairseq_feedback_cli.data_prep.downloads import Archive, download, file_digest
 
 MIRROR = "https://deb.debian.org/debian"
 RELEASE = "bookworm"  # Debian 12: its versions change only with point releases

@@ -15,14 +15,14 @@ import sys
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a file: make the data_prep package importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from data_prep.arguments import log, make_parser, resolve_dirs, run_cli
-from data_prep.downloads import Archive, describe_sources, gather_inputs
-from data_prep.steps import identity
-from data_prep.text import pmap, read_lines, read_pairs
-from data_prep.translation import Corpus, SentencePiece, prepare_translation
 from fairseq_feedback_cli.command_line import fail
+from fairseq_feedback_cli.data_prep.arguments import log, make_parser, resolve_dirs, run_cli
+from fairseq_feedback_cli.data_prep.downloads import Archive, describe_sources, gather_inputs
+from fairseq_feedback_cli.data_prep.steps import identity
+from fairseq_feedback_cli.data_prep.text import pmap, read_lines, read_pairs
+from fairseq_feedback_cli.data_prep.translation import Corpus, SentencePiece, prepare_translation
 
 NAME = "cnn_dm"
 SPLITS = {"train": "train", "valid": "val", "test": "test"}  # ours -> the url lists' / line files' names

@@ -8,12 +8,12 @@ import sys
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a file: make the data_prep package importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from data_prep.arguments import make_parser, resolve_dirs, run_cli
-from data_prep.downloads import Archive, describe_sources, gather_inputs
-from data_prep.steps import binarize, dest_is_done
-from data_prep.text import count_lines, log_counts, read_lines
+from fairseq_feedback_cli.data_prep.arguments import make_parser, resolve_dirs, run_cli
+from fairseq_feedback_cli.data_prep.downloads import Archive, describe_sources, gather_inputs
+from fairseq_feedback_cli.data_prep.steps import binarize, dest_is_done
+from fairseq_feedback_cli.data_prep.text import count_lines, log_counts, read_lines
 
 NAME = "wikitext103"
 FILES = {split: f"wikitext-103/wiki.{split}.tokens" for split in ("train", "valid", "test")}

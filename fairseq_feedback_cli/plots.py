@@ -1,0 +1,68 @@
+"""The figures of the demo and of the results page (fairseq_feedback_cli/curves.py): toy-task
+accuracy against updates, and a validation metric against updates and training hours."""
+
+import textwrap
+
+from .toy_scoring import METRICS
+
+
+def _pyplot():
+    import logging
+
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # fairseq's import may leave the root at DEBUG
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def toy_accuracy(results, task, title=""):
+    """The figure of token accuracy (solid) and episode accuracy (dashed) against updates;
+    results: {model: [evaluate_toy results, by updates]}."""
+    plt = _pyplot()
+    token_metric, line_metric = METRICS[task]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for (name, rs), color in zip(results.items(), ("tab:red", "tab:blue", "tab:green", "tab:gray")):
+        updates = [r["updates"] for r in rs]
+        ax.plot(updates, [100 * r[token_metric] for r in rs], "o-", color=color, label=f"{name} ({token_metric})")
+        ax.plot(updates, [100 * r[line_metric] for r in rs], "s--", color=color, alpha=0.6,
+                label=f"{name} ({line_metric})")
+    ax.set_xlabel("updates")
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_ylim(0, 100)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best", fontsize=9)
+    ax.set_title("\n".join(textwrap.fill(line, 95) for line in title.splitlines()), fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def validation_curves(runs, metric, title=""):
+    """The figure of `metric` against updates and against training hours, one curve per run;
+    runs: {name: [(updates, hours, value)]}. A perplexity goes on a log axis: on a linear one
+    the first validations' hundreds flatten the late differences."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), sharey=True)
+    for name, points in runs.items():
+        updates, hours, values = zip(*points)
+        axes[0].plot(updates, values, "o-", markersize=3, label=name)
+        axes[1].plot(hours, values, "o-", markersize=3, label=name)
+    axes[0].set_xlabel("updates")
+    axes[1].set_xlabel("training hours")
+    axes[0].set_ylabel(metric)
+    if metric.endswith("ppl"):
+        axes[0].set_yscale("log")  # shared with the other axis
+    for ax in axes:
+        ax.grid(alpha=0.3, which="both")
+    axes[0].legend(fontsize=8)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def save(fig, path, dpi=100):
+    """Writes the figure as a PNG and frees it."""
+    fig.savefig(path, dpi=dpi)
+    _pyplot().close(fig)
