@@ -21,7 +21,7 @@ setup(
         "fairseq-fixed==0.12.3.1",
         # torch.amp.custom_fwd(device_type=...), torch.get_autocast_dtype: torch 2.4
         "torch>=2.4",
-        # numpy 2 too: fairseq's np.compat.long is given back by the plugin (patches.py)
+        # numpy 2 too: what it removed and fairseq's data classes call, the plugin gives back (patches.py)
         "numpy",
         "sacrebleu>=2.0",
         "sacremoses",

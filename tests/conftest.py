@@ -14,10 +14,10 @@ def pytest_configure(config):
         torch.set_num_threads(1)
 
 
-# the modules that take longest, started first under `make test` (one module per worker at a time):
-# the recipes run in the background while the other worker goes on
-FIRST = ("test_recipes.py", "test_cpu_tier.py", "test_bad_values.py", "test_translation_cli.py",
-         "test_data_prep.py", "test_reliability.py")
+# the modules that take longest, started first under `make test` (a module runs on one worker): the
+# recipes run in the background, their longest one a chain of 80 commands, while the other worker goes on
+FIRST = ("test_recipes.py", "test_bad_values.py", "test_translation_cli.py", "test_cpu_tier.py",
+         "test_reliability.py", "test_data_prep.py")
 
 
 def pytest_collection_modifyitems(items):
