@@ -36,6 +36,13 @@ class KeyValueBuffer:
     def capacity(self) -> int:
         return self.slots.size(0)
 
+    @property
+    def resumed(self) -> bool:
+        """Whether autograd still holds this buffer from an earlier decoding
+        call (see CachedKeyValues): then gradients reach its earlier slots
+        through `grad`."""
+        return _BUFFERS.get(id(self.slots)) is self
+
     def append(self, new: Tensor, window: int) -> Tuple[Tensor, ...]:
         """Writes `new` ([n, planes, batch, heads, head_dim]) after the filled
         slots and returns the last `window` slots, as one [batch, heads, slots,
