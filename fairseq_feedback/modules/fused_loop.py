@@ -491,8 +491,6 @@ class FusedFeedbackLoop:
         """The gradients of _BlockFunction's inputs."""
         pieces = [self.kv_proj, *([] if self.memory_norm is None else [self.memory_norm]),
                   *(piece for layer in self.present for piece in layer.pieces())]
-        for piece in pieces:  # a backward may run twice (retain_graph): each starts afresh
-            piece.output_grads = []
         slots = self.buffer.slots.data
         steps, _, rows, embed = self.states.shape
         slot_grads = torch.zeros_like(slots[: self.start + steps])
@@ -559,4 +557,8 @@ class _BlockFunction(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, output_grads, memory_grads):
-        return (None, *ctx.loop.backward(output_grads, memory_grads, ctx.encoder_kv))
+        if ctx.loop is None:
+            raise RuntimeError("the fused feedback loop's backward ran twice over one block; its activations are "
+                               "freed by the first (as autograd frees saved tensors without retain_graph)")
+        loop, ctx.loop = ctx.loop, None  # what the block kept for its backward goes with it
+        return (None, *loop.backward(output_grads, memory_grads, ctx.encoder_kv))
