@@ -17,19 +17,22 @@ addition of the residual's gradient is free (addmm). What does not depend on
 the step's gradient comes once per block: every linear layer's weight
 gradient (dW = G^T X, one product over the block's steps), every layer
 norm's (one native_layer_norm_backward over the block), the mixing weights'
-(eq. 1), and the first layer's queries, which depend on the embeddings alone.
+(eq. 1), the encoder's keys' and values' (one product each), and the first
+layer's queries, which depend on the embeddings alone. What those products
+read is written in place, step by step, into tensors of the whole block
+(out=), wherever the operator that makes it can write there.
 
 Attention reads one query row per sequence: scores, softmax and weighted
 sum as three batched products. The fused scaled_dot_product_attention
 kernel costs more than that at this size on the CPU (its backward, ten
-times more), and its backward would hand back the keys' and values'
-gradients to be added to the memory's: here the products that compute them
-add them in place (baddbmm_).
+times more). A step's gradients of the memory's keys and values are outer
+products, added in place into the memory's gradient. Attention weights are
+kept for the backward when they take no more room than the step's
+feed-forward activations (heads x span <= embed + ffn), and computed again
+otherwise (long spans).
 
 Dropout masks are drawn once per block, one Bernoulli draw for every layer
-and step, scaled beforehand: a residual with dropout is one addcmul. The
-operators this leaves per step and layer, and why each stays, are listed in
-the README's Speed section.
+and step, scaled beforehand: a residual with dropout is one addcmul.
 
 Options it does not cover (persistent vectors; attention dropout and
 autocast in training; quant-noise and other hooks on a layer's modules;
@@ -37,7 +40,7 @@ activations other than relu and gelu) run the loop as before, through
 autograd: `unsupported` says why, and the decoder logs it once.
 """
 
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -75,58 +78,101 @@ def unsupported(layers: Sequence, grad: bool, device_type: str) -> Optional[str]
 # --- the pieces of a layer, each keeping what its backward and weight gradients need, by step ---------
 
 
+class _Steps:
+    """A tensor per step of a block, [rows, features] each, and all of them
+    as one [steps * rows, features] matrix for a block's product. An
+    operator that can write its output in place writes into one tensor of
+    the whole block (`at`); other outputs are kept (`keep`) and
+    concatenated once."""
+
+    def __init__(self, steps: int):
+        self.steps = steps
+        self.block: Optional[Tensor] = None  # [steps, rows, features]
+        self.kept: Dict[int, Tensor] = {}
+
+    def at(self, step: int, like: Tensor, features: Optional[int] = None) -> Tensor:
+        """Where step `step` writes its [rows, features]: like's rows, and its features by default."""
+        if self.block is None:
+            self.block = like.new_empty(self.steps, like.size(0), like.size(-1) if features is None else features)
+        return self.block[step]
+
+    def keep(self, step: int, tensor: Tensor) -> None:
+        if self.block is None:  # otherwise written in place already
+            self.kept[step] = tensor
+
+    def __getitem__(self, step: int) -> Tensor:
+        return self.kept[step] if self.block is None else self.block[step]
+
+    def joined(self) -> Tensor:
+        if self.block is None:
+            return torch.cat([self.kept[t] for t in range(self.steps)])
+        return self.block.view(-1, self.block.size(-1))
+
+
 class _Linear:
-    """y = x W^T + b at each step; dW = G^T X and db = sum G once per block."""
+    """y = scale (x W^T + b) at each step (attention's queries come scaled
+    by 1 / sqrt(d_head), for free); dW and db once per block."""
 
-    def __init__(self, module):
-        self.weight, self.bias = module.weight, module.bias
-        self.inputs: List[Tensor] = []
-        self.output_grads: List[Tensor] = []
+    def __init__(self, module, steps: int, scale: float = 1.0):
+        self.weight, self.bias, self.scale = module.weight, module.bias, scale
+        self.inputs, self.output_grads = _Steps(steps), _Steps(steps)
+        self.nothing: Optional[Tensor] = None  # what a product with beta=0 adds to
 
-    def __call__(self, x: Tensor, record: bool) -> Tensor:
+    def __call__(self, x: Tensor, step: int, record: bool, out: Optional[Tensor] = None) -> Tensor:
         if record:
-            self.inputs.append(x)
-        return torch.addmm(self.bias, x, self.weight.t())
+            self.inputs.keep(step, x)
+        return torch.addmm(self.bias, x, self.weight.t(), beta=self.scale, alpha=self.scale, out=out)
 
-    def backward(self, grad: Tensor, residual: Optional[Tensor] = None) -> Tensor:
+    def backward(self, grad: Tensor, step: int, residual: Optional[Tensor] = None,
+                 out: Optional[Tensor] = None) -> Tensor:
         """The input's gradient, plus `residual` (in the same product)."""
-        self.output_grads.append(grad)
-        return torch.mm(grad, self.weight) if residual is None else torch.addmm(residual, grad, self.weight)
+        self.output_grads.keep(step, grad)
+        if residual is None:
+            return self.product(grad, self.weight, out)
+        return torch.addmm(residual, grad, self.weight, alpha=self.scale, out=out)
 
-    def weight_grads(self) -> Tuple[Tensor, Tensor]:
-        grads = torch.cat(self.output_grads[::-1])  # recorded backwards
-        return torch.mm(grads.t(), torch.cat(self.inputs)), grads.sum(0)
+    def product(self, a: Tensor, b: Tensor, out: Optional[Tensor] = None) -> Tensor:
+        """scale (a b)."""
+        if self.scale == 1:
+            return torch.mm(a, b, out=out)
+        if self.nothing is None:
+            self.nothing = a.new_empty(())
+        return torch.addmm(self.nothing, a, b, beta=0, alpha=self.scale, out=out)
+
+    def weight_grads(self) -> List[Tensor]:
+        grads = self.output_grads.joined()
+        bias = grads.sum(0)
+        return [self.product(grads.t(), self.inputs.joined()), bias if self.scale == 1 else bias.mul_(self.scale)]
 
 
 class _Norm:
     """Layer norm at each step; its weight and bias gradients once per block."""
 
-    def __init__(self, module):
+    def __init__(self, module, steps: int):
         self.weight, self.bias, self.eps, self.shape = module.weight, module.bias, module.eps, module.normalized_shape
-        self.inputs: List[Tensor] = []
-        self.means: List[Tensor] = []
-        self.rstds: List[Tensor] = []
-        self.output_grads: List[Tensor] = []
+        self.inputs, self.output_grads = _Steps(steps), _Steps(steps)
+        self.means: Dict[int, Tensor] = {}
+        self.rstds: Dict[int, Tensor] = {}
 
-    def __call__(self, x: Tensor, record: bool) -> Tensor:
+    def __call__(self, x: Tensor, step: int, record: bool) -> Tensor:
         y, mean, rstd = torch.native_layer_norm(x, self.shape, self.weight, self.bias, self.eps)
         if record:
-            self.inputs.append(x)
-            self.means.append(mean)
-            self.rstds.append(rstd)
+            self.inputs.keep(step, x)
+            self.means[step], self.rstds[step] = mean, rstd
         return y
 
     def backward(self, grad: Tensor, step: int) -> Tensor:
-        self.output_grads.append(grad)
+        self.output_grads.keep(step, grad)
         return torch.ops.aten.native_layer_norm_backward(
             grad, self.inputs[step], self.shape, self.means[step], self.rstds[step], self.weight, self.bias,
             [True, False, False])[0]
 
-    def weight_grads(self) -> Tuple[Tensor, Tensor]:
+    def weight_grads(self) -> List[Tensor]:
+        steps = range(self.inputs.steps)
         _, weight, bias = torch.ops.aten.native_layer_norm_backward(
-            torch.cat(self.output_grads[::-1]), torch.cat(self.inputs), self.shape, torch.cat(self.means),
-            torch.cat(self.rstds), self.weight, self.bias, [False, True, True])
-        return weight, bias
+            self.output_grads.joined(), self.inputs.joined(), self.shape, torch.cat([self.means[t] for t in steps]),
+            torch.cat([self.rstds[t] for t in steps]), self.weight, self.bias, [False, True, True])
+        return [weight, bias]
 
 
 def _heads(x: Tensor, heads: int, groups: int) -> Tensor:
@@ -141,210 +187,264 @@ def _merge(a: Tensor, heads: int, groups: int) -> Tensor:
     return a.view(-1, heads, groups, a.size(-1)).transpose(1, 2).reshape(-1, heads * a.size(-1))
 
 
-
 class _Attention:
     """softmax(q k^T / sqrt(d_head) + bias) v for one query row per sequence
     (or per beam hypothesis), between a query and an output projection."""
 
-    def __init__(self, q_proj, out_proj, heads: int, head_dim: int):
-        self.q, self.out = _Linear(q_proj), _Linear(out_proj)
-        self.heads, self.scale = heads, head_dim**-0.5
-        self.queries: List[Tensor] = []  # [sequences * heads, 1, head_dim], by step
-        self.probs: List[Tensor] = []
-        self.nothing: Optional[Tensor] = None  # what a product with beta=0 adds to
+    def __init__(self, q_proj, out_proj, heads: int, head_dim: int, steps: int, keep_probs: bool = True):
+        self.q, self.out = _Linear(q_proj, steps, head_dim**-0.5), _Linear(out_proj, steps)
+        self.heads, self.keep_probs, self.groups = heads, keep_probs, 1
+        self.queries: Dict[int, Tensor] = {}  # [sequences * heads, rows per sequence, head_dim], by step
+        self.probs: Dict[int, Tensor] = {}
+        self.score_grads: Dict[int, Tensor] = {}  # for key_value_grads
+        self.attended_grads: Dict[int, Tensor] = {}
 
-    def _nothing(self, like: Tensor) -> Tensor:
-        if self.nothing is None:
-            self.nothing = like.new_empty(())
-        return self.nothing
+    @staticmethod
+    def _scores(q: Tensor, keys: Tensor, bias: Optional[Tensor]) -> Tensor:
+        return torch.bmm(q, keys.transpose(1, 2)) if bias is None else torch.baddbmm(bias, q, keys.transpose(1, 2))
 
-    def __call__(self, q: Tensor, keys: Tensor, values: Tensor, bias: Optional[Tensor], groups: int,
+    def __call__(self, q: Tensor, keys: Tensor, values: Tensor, bias: Optional[Tensor], groups: int, step: int,
                  record: bool) -> Tensor:
         """q: the projected queries [rows, heads * head_dim]; keys, values
         [sequences * heads, slots, head_dim]; bias broadcasting to the scores
-        [sequences * heads, groups, slots]."""
+        [sequences * heads, groups, slots]; `groups` rows per sequence (beam
+        hypotheses that share the encoder's keys: 1 for the memory's)."""
         q = _heads(q, self.heads, groups)
-        if bias is None:
-            scores = torch.baddbmm(self._nothing(q), q, keys.transpose(1, 2), beta=0, alpha=self.scale)
-        else:
-            scores = torch.baddbmm(bias, q, keys.transpose(1, 2), alpha=self.scale)
-        probs = torch.softmax(scores, -1)
+        probs = torch.softmax(self._scores(q, keys, bias), -1)
         if record:
-            self.queries.append(q)
-            self.probs.append(probs)
-        return self.out(_merge(torch.bmm(probs, values), self.heads, groups), record)
+            self.queries[step], self.groups = q, groups
+            if self.keep_probs:
+                self.probs[step] = probs
+        if not record or groups > 1:
+            return self.out(_merge(torch.bmm(probs, values), self.heads, groups), step, record)
+        attended = self.out.inputs.at(step, q.view(-1, self.heads * q.size(-1)))  # one query row per sequence
+        torch.bmm(probs, values, out=attended.view(q.shape))
+        return self.out(attended, step, record)
 
-    def backward(self, grad: Tensor, step: int, keys: Tensor, values: Tensor, key_grads: Optional[Tensor],
-                 value_grads: Tensor, bias_grads: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
-        """The gradient of the projected queries (one row per sequence, as
-        in training). The keys', values' and bias' gradients are added into
-        `key_grads` (None: a new tensor, returned), `value_grads` and `bias_grads`."""
-        q, probs = self.queries[step], self.probs[step]
-        attended = self.out.backward(grad).view(q.shape)
+    def backward(self, grad: Tensor, step: int, keys: Tensor, values: Tensor, bias: Optional[Tensor] = None,
+                 key_grads: Optional[Tensor] = None, value_grads: Optional[Tensor] = None,
+                 bias_grads: Optional[Tensor] = None, overwrite_key_grads: bool = False) -> Tensor:
+        """The gradient of the projected queries, in self.q's records. The
+        keys', values' and bias' gradients are added into `key_grads` (or
+        written there), `value_grads` and `bias_grads`, for one query row per
+        sequence (the memory's); with no `key_grads`, they come once per block
+        (key_value_grads)."""
+        q = self.queries[step]
+        probs = self.probs[step] if self.keep_probs else torch.softmax(self._scores(q, keys, bias), -1)
+        attended = _heads(self.out.backward(grad, step), self.heads, self.groups)
         scores = torch._softmax_backward_data(torch.bmm(attended, values.transpose(1, 2)), probs, -1, probs.dtype)
-        value_grads.baddbmm_(probs.transpose(1, 2), attended)
         if key_grads is None:
-            key_grads = torch.baddbmm(self._nothing(q), scores.transpose(1, 2), q, beta=0, alpha=self.scale)
+            self.score_grads[step], self.attended_grads[step] = scores, attended
         else:
-            key_grads.baddbmm_(scores.transpose(1, 2), q, alpha=self.scale)
+            # with one query row, the keys' and values' gradients are outer
+            # products: elementwise (a batched product of inner size 1 runs row by row)
+            value_grads.addcmul_(probs.transpose(1, 2), attended)
+            if overwrite_key_grads:
+                torch.mul(scores.transpose(1, 2), q, out=key_grads)
+            else:
+                key_grads.addcmul_(scores.transpose(1, 2), q)
         if bias_grads is not None:  # [heads, 1, slots]
             bias_grads += scores.view(-1, *bias_grads.shape).sum(0)
-        queries = torch.baddbmm(self._nothing(q), scores, keys, beta=0, alpha=self.scale)
-        return queries.view(grad.size(0), -1), key_grads
+        if self.groups > 1:
+            return _merge(torch.bmm(scores, keys), self.heads, self.groups)
+        queries = self.q.output_grads.at(step, grad, q.size(-1) * self.heads)
+        torch.bmm(scores, keys, out=queries.view(q.shape))
+        return queries
+
+    def key_value_grads(self, key_grads: Tensor, value_grads: Tensor) -> None:
+        """Keys and values that every step reads (the encoder's): their
+        gradients over the block, one product each, written into `key_grads`
+        and `value_grads` [sequences * heads, slots, head_dim]."""
+        steps = range(len(self.queries))
+
+        def joined(by_step):
+            return torch.cat([by_step[t] for t in steps], 1)
+
+        torch.bmm(joined(self.score_grads).transpose(1, 2), joined(self.queries), out=key_grads)
+        torch.bmm(joined(self.probs).transpose(1, 2), joined(self.attended_grads), out=value_grads)
 
 
 class _Layer:
     """A MemoryDecoderLayer at each step of a block: attention over the
     memory, over the encoder, and the feed-forward block, each a residual
-    sublayer with dropout, pre- or post-norm."""
+    sublayer with dropout, pre- or post-norm. `first`: its queries come
+    once per block (project_block_queries)."""
 
-    def __init__(self, layer, plane: int):
-        self.pre_norm = layer.normalize_before
+    def __init__(self, layer, plane: int, steps: int = 1, first: bool = False, keep_probs: bool = True):
+        self.pre_norm, self.first = layer.normalize_before, first
         self.plane = plane  # its keys' plane among the memory's slots
         attn = layer.self_attn
-        self.attention = _Attention(attn.q_proj, attn.out_proj, attn.num_heads, attn.head_dim)
-        self.attention_norm = _Norm(layer.self_attn_layer_norm)
-        self.modules = [attn.q_proj, attn.out_proj, layer.self_attn_layer_norm]
-        self.cross = self.cross_norm = self.fc1 = None
+        self.attention = _Attention(attn.q_proj, attn.out_proj, attn.num_heads, attn.head_dim, steps, keep_probs)
+        # the first layer's pre-norm comes once per block: one record
+        self.attention_norm = _Norm(layer.self_attn_layer_norm, 1 if first and self.pre_norm else steps)
+        self.sublayers = [(self.attention_norm, self.attention.out)]
+        self.pieces = [self.attention.q, self.attention.out, self.attention_norm]
+        self.cross = self.fc1 = None
         if layer.encoder_attn is not None:
             ea = layer.encoder_attn
-            self.cross = _Attention(ea.q_proj, ea.out_proj, ea.num_heads, ea.head_dim)
-            self.cross_norm = _Norm(layer.encoder_attn_layer_norm)
-            self.modules += [ea.q_proj, ea.out_proj, layer.encoder_attn_layer_norm]
+            self.cross = _Attention(ea.q_proj, ea.out_proj, ea.num_heads, ea.head_dim, steps)
+            self.cross_norm = _Norm(layer.encoder_attn_layer_norm, steps)
+            self.sublayers.append((self.cross_norm, self.cross.out))
+            self.pieces += [self.cross.q, self.cross.out, self.cross_norm]
         if layer.fc1 is not None:
-            self.fc1, self.fc2, self.ffn_norm = _Linear(layer.fc1), _Linear(layer.fc2), _Norm(layer.final_layer_norm)
+            self.fc1, self.fc2 = _Linear(layer.fc1, steps), _Linear(layer.fc2, steps)
+            self.ffn_norm = _Norm(layer.final_layer_norm, steps)
             self.activation = ACTIVATIONS[layer.activation_fn]
-            self.activation_saved: List[Tensor] = []  # relu's output, gelu's input, by step
-            self.modules += [layer.fc1, layer.fc2, layer.final_layer_norm]
-        self.sublayers = len(self.modules) // 3
+            self.activation_saved: Dict[int, Tensor] = {}  # relu's output, gelu's input
+            self.sublayers.append((self.ffn_norm, self.fc2))
+            self.pieces += [self.fc1, self.fc2, self.ffn_norm]
         self.dropout = layer.dropout_module.p if layer.training else 0.0
         self.activation_dropout = layer.activation_dropout_module.p if layer.training and self.fc1 else 0.0
-        self.block_queries: Optional[Tensor] = None  # [steps, rows, embed]: the first layer's, once per block
+        self.block_queries: Optional[Tensor] = None  # [steps, rows, embed]
 
-    def parameters(self) -> List[Tensor]:
-        return [p for module in self.modules for p in (module.weight, module.bias)]
+    @staticmethod
+    def weighted_modules(layer) -> list:
+        """A MemoryDecoderLayer's modules with a weight and a bias, in the order of _Layer.pieces."""
+        modules = [layer.self_attn.q_proj, layer.self_attn.out_proj, layer.self_attn_layer_norm]
+        if layer.encoder_attn is not None:
+            modules += [layer.encoder_attn.q_proj, layer.encoder_attn.out_proj, layer.encoder_attn_layer_norm]
+        if layer.fc1 is not None:
+            modules += [layer.fc1, layer.fc2, layer.final_layer_norm]
+        return modules
 
-    def pieces(self) -> list:
-        """What holds the weights, in the order of `parameters`."""
-        pieces = [self.attention.q, self.attention.out, self.attention_norm]
-        if self.cross is not None:
-            pieces += [self.cross.q, self.cross.out, self.cross_norm]
-        if self.fc1 is not None:
-            pieces += [self.fc1, self.fc2, self.ffn_norm]
-        return pieces
+    def weight_grads(self) -> List[Tensor]:
+        """The gradients of weighted_modules' weights and biases, in order."""
+        return [g for piece in self.pieces for g in piece.weight_grads()]
+
+    def read_inputs_from(self, states: Tensor) -> None:
+        """The layer's inputs, [steps, rows, embed], as what reads them
+        records them (the first layer's queries record theirs)."""
+        if not self.first:
+            (self.attention_norm if self.pre_norm else self.attention.q).inputs.block = states
+
+    def output_grad_slot(self, step: int, like: Tensor) -> Optional[Tensor]:
+        """Where the gradient of the step's output goes (post-norm: the last norm's records)."""
+        return None if self.pre_norm else self.sublayers[-1][0].output_grads.at(step, like)
 
     # --- once per block: the first layer's queries --------------------------------------------------
 
     def project_block_queries(self, x: Tensor, record: bool) -> None:
         """The queries of every step at once, from x [steps, rows, embed],
         the embeddings (the first layer's input)."""
-        flat = x.reshape(-1, x.size(-1))
+        flat = x.view(-1, x.size(-1))
         if self.pre_norm:
-            flat = self.attention_norm(flat, record)
-        self.block_queries = self.attention.q(flat, record).view(x.size(0), x.size(1), -1)
+            flat = self.attention_norm(flat, 0, record)
+        if record:
+            self.attention.q.inputs.block = flat.view(x.shape)
+        self.block_queries = self.attention.q(flat, 0, False).view(*x.shape[:2], -1)
 
     def block_queries_backward(self, input_grads: Tensor) -> None:
         """Adds what the block's queries give the embeddings' gradient, input_grads [steps, rows, embed]."""
         q = self.attention.q
-        q.output_grads = [torch.cat(q.output_grads[::-1])]  # kept for its weight gradient
-        flat = input_grads.view(-1, input_grads.size(-1))
+        grads, flat = q.output_grads.joined(), input_grads.view(-1, input_grads.size(-1))
         if self.pre_norm:
-            flat += self.attention_norm.backward(torch.mm(q.output_grads[0], q.weight), 0)
+            flat += self.attention_norm.backward(q.product(grads, q.weight), 0)
         else:
-            flat.addmm_(q.output_grads[0], q.weight)
+            flat.addmm_(grads, q.weight, alpha=q.scale)
 
     # --- a step ---------------------------------------------------------------------------------------
 
     def __call__(self, step: int, x: Tensor, memory: Tuple[Tensor, Tensor, Optional[Tensor]],
                  encoder: Optional[Tuple[Tensor, Tensor, Optional[Tensor], int]], masks: Optional[Tensor],
-                 activation_mask: Optional[Tensor], record: bool) -> Tensor:
+                 activation_mask: Optional[Tensor], record: bool, out: Optional[Tensor] = None) -> Tensor:
         """The layer at one step: x [rows, embed]; memory (keys, values,
         bias) and encoder (keys, values, bias, rows per sequence) as
-        _Attention takes them; masks [sublayers, rows, embed], scaled."""
+        _Attention takes them; masks [sublayers, rows, embed], scaled.
+        `out`: where a pre-norm layer writes its output."""
         attention = self.attention
 
         def self_attention(h):
-            q = self.block_queries[step] if self.block_queries is not None else attention.q(h, record)
-            return attention(q, *memory, 1, record)
+            q = self.block_queries[step] if self.first else attention.q(h, step, record)
+            return attention(q, *memory, 1, step, record)
 
-        x = self._sublayer(x, self.attention_norm, self_attention, masks, 0, record, self.block_queries is not None)
+        branches = [self_attention]
         if self.cross is not None:
             keys, values, bias, groups = encoder
-            x = self._sublayer(x, self.cross_norm, lambda h: self.cross(self.cross.q(h, record), keys, values, bias,
-                                                                       groups, record), masks, 1, record)
+            branches.append(lambda h: self.cross(self.cross.q(h, step, record), keys, values, bias, groups, step,
+                                                 record))
         if self.fc1 is not None:
-            x = self._sublayer(x, self.ffn_norm, lambda h: self._feed_forward(h, activation_mask, record), masks,
-                               self.sublayers - 1, record)
+            branches.append(lambda h: self._feed_forward(h, step, activation_mask, record))
+        for k, branch in enumerate(branches):
+            mask = None if masks is None else masks[k]
+            norm = self.sublayers[k][0]
+            if self.pre_norm:  # into the next sublayer's records, or `out`
+                o = branch(None if k == 0 and self.first else norm(x, step, record))
+                target = out if k + 1 == len(branches) else (self.sublayers[k + 1][0].inputs.at(step, x)
+                                                             if record else None)
+            else:
+                o = branch(x)
+                target = norm.inputs.at(step, x) if record else None
+            x = torch.add(x, o, out=target) if mask is None else torch.addcmul(x, o, mask, out=target)
+            if not self.pre_norm:
+                x = norm(x, step, record)
         return x
 
-    def _sublayer(self, x, norm, branch, masks, site, record, normalized_beforehand=False):
-        mask = None if masks is None else masks[site]
-        if self.pre_norm:
-            out = branch(None if normalized_beforehand else norm(x, record))
-            return x + out if mask is None else torch.addcmul(x, out, mask)
-        out = branch(x)
-        return norm(x + out if mask is None else torch.addcmul(x, out, mask), record)
-
-    def _feed_forward(self, x, mask, record):
-        hidden = self.fc1(x, record)
-        activated = torch.relu(hidden) if self.activation == "relu" else F.gelu(hidden)
+    def _feed_forward(self, x, step, mask, record):
+        fc2_input = self.fc2.inputs.at(step, x, self.fc1.weight.size(0)) if record else None
+        if self.activation == "relu":
+            activated = torch.relu_(self.fc1(x, step, record, out=None if mask is not None else fc2_input))
+            saved = activated
+        else:
+            saved = self.fc1(x, step, record)
+            activated = F.gelu(saved) if mask is not None or not record else torch.ops.aten.gelu.out(saved, out=fc2_input)
         if record:
-            self.activation_saved.append(activated if self.activation == "relu" else hidden)
+            self.activation_saved[step] = saved
         if mask is not None:
-            activated = activated * mask
-        return self.fc2(activated, record)
+            activated = torch.mul(activated, mask, out=fc2_input)
+        return self.fc2(activated, step, record)
 
-    def backward(self, step: int, grad: Tensor, memory: Tuple[Tensor, Tensor],
-                 memory_grads: Tuple[Optional[Tensor], Tensor, Optional[Tensor]],
-                 encoder: Optional[Tuple[Tensor, Tensor]], encoder_grads: Optional[Tuple[Tensor, Tensor]],
-                 masks: Optional[Tensor], activation_mask: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
-        """The gradient of the step's input from that of its output. The
-        memory's (keys, values, bias) and the encoder's (keys, values)
-        gradients are added into theirs; the keys' is returned (see
-        _Attention.backward)."""
-        key_grads, value_grads, bias_grads = memory_grads
-        if self.fc1 is not None:
-            grad = self._sublayer_backward(
-                step, grad, self.ffn_norm,
-                lambda g, residual: self._feed_forward_backward(step, g, activation_mask, residual),
-                masks, self.sublayers - 1)
-        if self.cross is not None:
-            def cross_attention(g, residual):
-                queries, _ = self.cross.backward(g, step, *encoder, *encoder_grads)
-                return self.cross.q.backward(queries, residual)
+    def backward(self, step: int, grad: Tensor, memory: Tuple[Tensor, Tensor, Optional[Tensor]],
+                 memory_grads: Tuple[Tensor, Tensor, Optional[Tensor], bool], encoder: Optional[Tuple[Tensor, Tensor]],
+                 masks: Optional[Tensor], activation_mask: Optional[Tensor],
+                 out: Optional[Tensor] = None) -> Tensor:
+        """The gradient of the step's input (into `out`) from that of its
+        output. The memory's (keys, values, bias; whether to write the keys'
+        rather than add) gradients are added into theirs; the encoder's come
+        once per block (_Attention.key_value_grads)."""
 
-            grad = self._sublayer_backward(step, grad, self.cross_norm, cross_attention, masks, 1)
-
-        def self_attention(g, residual):
-            nonlocal key_grads
-            queries, key_grads = self.attention.backward(g, step, *memory, key_grads, value_grads, bias_grads)
-            if self.block_queries is not None:  # their input's gradient comes once per block
-                self.attention.q.output_grads.append(queries)
+        def self_attention(g, residual, into):
+            queries = self.attention.backward(g, step, *memory, *memory_grads)
+            if self.first:  # the gradient of their input comes once per block
                 return residual
-            return self.attention.q.backward(queries, residual)
+            return self.attention.q.backward(queries, step, residual, into)
 
-        grad = self._sublayer_backward(step, grad, self.attention_norm, self_attention, masks, 0,
-                                       self.block_queries is not None)
-        return grad, key_grads
+        branches = [self_attention]
+        if self.cross is not None:
+            branches.append(lambda g, residual, into: self.cross.q.backward(self.cross.backward(g, step, *encoder),
+                                                                             step, residual, into))
+        if self.fc1 is not None:
+            branches.append(lambda g, residual, into: self._feed_forward_backward(step, g, activation_mask, residual,
+                                                                                  into))
+        for k in reversed(range(len(branches))):
+            mask = None if masks is None else masks[k]
+            norm, output = self.sublayers[k]
+            # where the input's gradient goes: the previous sublayer's norm records it (post-norm)
+            into = out if k == 0 else (None if self.pre_norm else self.sublayers[k - 1][0].output_grads.at(step, grad))
+            if self.pre_norm:
+                g = grad if mask is None else torch.mul(grad, mask, out=output.output_grads.at(step, grad))
+                if k == 0 and self.first:
+                    branches[k](g, None, None)
+                    grad = grad if into is None else into.copy_(grad)
+                else:
+                    inner = branches[k](g, None, norm.output_grads.at(step, grad))
+                    grad = torch.add(grad, norm.backward(inner, step), out=into)
+            else:
+                residual = norm.backward(grad, step)
+                g = residual if mask is None else torch.mul(residual, mask, out=output.output_grads.at(step, grad))
+                grad = branches[k](g, residual, into)
+        return grad
 
-    def _sublayer_backward(self, step, grad, norm, branch_backward, masks, site, normalized_beforehand=False):
-        mask = None if masks is None else masks[site]
-        if self.pre_norm:
-            inner = branch_backward(grad if mask is None else grad * mask, None)
-            return grad if normalized_beforehand else grad + norm.backward(inner, step)
-        grad = norm.backward(grad, step)
-        return branch_backward(grad if mask is None else grad * mask, grad)
-
-    def _feed_forward_backward(self, step, grad, mask, residual):
-        hidden = self.fc2.backward(grad)
+    def _feed_forward_backward(self, step, grad, mask, residual, into):
+        hidden = self.fc2.backward(grad, step)
         if mask is not None:
             hidden = hidden * mask
         saved = self.activation_saved[step]
+        target = self.fc1.output_grads.at(step, hidden)
         if self.activation == "relu":
-            hidden = torch.ops.aten.threshold_backward(hidden, saved, 0)
+            torch.ops.aten.threshold_backward(hidden, saved, 0, grad_input=target)
         else:
-            hidden = torch.ops.aten.gelu_backward(hidden, saved)
-        return self.fc1.backward(hidden, residual)
+            torch.ops.aten.gelu_backward(hidden, saved, grad_input=target)
+        return self.fc1.backward(target, step, residual, into)
 
 
 def _per_row(bias: Optional[Tensor], rows: int) -> Optional[Tensor]:
@@ -392,45 +492,78 @@ class FusedFeedbackLoop:
     step reads at most); `positions`: the relative positions of a full
     window [span, head_dim], or None; `span_biases`: each layer's adaptive
     span, log m(e) of a full window [heads, 1, span], or None; `weights`:
-    the mixing weights of eq. 1."""
+    the mixing weights of eq. 1.
+
+    The block reads its slots from a copy laid out for attention,
+    [planes, rows, heads, slots, head_dim]: a window is then a batch of
+    contiguous matrices, which the batched products take as they are (read
+    in the buffer's layout, slots first, they ran several times slower).
+    The buffer gets the new slots at the end of the block."""
 
     def __init__(self, decoder, buffer: KeyValueBuffer, window: Tuple[Tensor, ...], span: int, layers: Sequence,
                  positions: Optional[Tensor], span_biases: Sequence[Optional[Tensor]], weights: Tensor):
+        self.decoder, self.module_layers = decoder, layers
+        self.buffer, self.window, self.span, self.initial = buffer, window, span, window[0].size(2)
         memory = decoder.memory
-        self.buffer, self.window, self.span = buffer, window, span
         self.planes, self.heads, self.head_dim = memory.planes, memory.num_heads, memory.head_dim
-        self.kv_proj = _Linear(memory.kv_proj)
-        self.memory_norm = None if memory.layer_norm is None else _Norm(memory.layer_norm)
-        self.layers = [None if layer is None else _Layer(layer, 0 if memory.shared_kv else 2 * i)
-                       for i, layer in enumerate(layers)]
-        self.present = [layer for layer in self.layers if layer is not None]
-        self.positions, self.weights = positions, weights
-        self.span_biases = list(span_biases)
+        self.positions, self.weights, self.span_biases = positions, weights, list(span_biases)
         self.parameters = [memory.kv_proj.weight, memory.kv_proj.bias]
         if memory.layer_norm is not None:
             self.parameters += [memory.layer_norm.weight, memory.layer_norm.bias]
-        self.parameters += [p for layer in self.present for p in layer.parameters()]
+        self.parameters += [p for layer in layers if layer is not None
+                            for m in _Layer.weighted_modules(layer) for p in (m.weight, m.bias)]
         self.encoder_bias: Optional[Tensor] = None
+
+    def _pieces(self, steps: int) -> None:
+        """The memory's and the layers' pieces for a block of `steps` steps."""
+        memory = self.decoder.memory
+        self.kv_proj = _Linear(memory.kv_proj, steps)
+        self.memory_norm = None if memory.layer_norm is None else _Norm(memory.layer_norm, steps)
+        present = [layer for layer in self.module_layers if layer is not None]
+        read = min(self.span, self.initial + steps - 1)  # slots a step reads at most
+        keep_probs = not present or present[0].self_attn.num_heads * read <= self.decoder.embed_dim + (
+            0 if present[0].fc1 is None else present[0].fc1.out_features)
+        self.layers = [None if layer is None else _Layer(layer, 0 if memory.shared_kv else 2 * i, steps, i == 0,
+                                                          keep_probs) for i, layer in enumerate(self.module_layers)]
+        self.present = [layer for layer in self.layers if layer is not None]
 
     def __call__(self, x: Tensor, encoder_kv: Optional[Tensor], encoder_bias: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
         """The top layer's outputs and the memory vectors, [steps, rows, embed] each."""
         inputs = [x, encoder_kv, self.positions, self.weights, *self.span_biases, *self.window, *self.parameters]
         self.encoder_bias = encoder_bias
+        self._pieces(len(x))
         if not torch.is_grad_enabled() or not any(t is not None and t.requires_grad for t in inputs):
             return self.forward(x, encoder_kv, record=False)
         return _BlockFunction.apply(self, *inputs)
 
-    def _windows(self, slots: Tensor, filled: int) -> List[Tensor]:
-        """The last `span` of the `filled` slots, one [rows * heads, slots, head_dim] view per plane."""
-        window = slots[max(0, filled - self.span): filled]
-        return [plane.permute(1, 2, 0, 3).flatten(0, 1) for plane in window.unbind(1)]
+    def _windows(self, slots: Tensor, step: int) -> List[Tensor]:
+        """What step `step` reads of `slots` (the block's layout): the last
+        `span` slots before its own, one [rows * heads, slots, head_dim]
+        view per plane."""
+        filled = self.initial + step
+        return list(slots[:, :, :, max(0, filled - self.span): filled].flatten(1, 2).unbind(0))
 
-    def _keys(self, planes: List[Tensor]) -> List[Tensor]:
-        """The keys of each projection in a window, with relative positions: k_j + p[S - 1 - e]."""
+    def _keys(self, planes: List[Tensor], scratch: List[Tensor]) -> List[Tensor]:
+        """The keys of each projection in a window, with relative positions
+        k_j + p[S - 1 - e], written into `scratch` (one per projection,
+        [rows * heads, span, head_dim], reused from step to step)."""
         keys = planes[0::2]
         if self.positions is None:
             return keys
-        return [(k.view(-1, self.heads, *k.shape[1:]) + self.positions[-k.size(1):]).flatten(0, 1) for k in keys]
+        return [torch.add(k.view(-1, self.heads, *k.shape[1:]), self.positions[-k.size(1):],
+                          out=out[:, : k.size(1)].view(-1, self.heads, *k.shape[1:])).flatten(0, 1)
+                for k, out in zip(keys, scratch)]
+
+    def _scratch(self, slots: Tensor) -> List[Tensor]:
+        """Room for what each key projection needs per step with relative positions (see _keys)."""
+        if self.positions is None:
+            return []
+        return [slots.new_empty(slots.size(1) * slots.size(2), self.span, self.head_dim)
+                for _ in range(self.planes // 2)]
+
+    def _biases(self, rows: int) -> List[Optional[Tensor]]:
+        """Each layer's adaptive-span bias, as the scores of `rows` rows take it (once per block)."""
+        return [None if b is None else _per_row(b, rows) for b in self.span_biases]
 
     # --- forward ------------------------------------------------------------------------------------
 
@@ -441,7 +574,7 @@ class FusedFeedbackLoop:
         self.masks = self.activation_masks = None
         if first is not None and first.dropout:
             keep = 1 - first.dropout
-            shape = (steps, len(self.layers), first.sublayers, rows, embed)
+            shape = (steps, len(self.layers), len(first.sublayers), rows, embed)
             self.masks = x.new_empty(shape).bernoulli_(keep).div_(keep)
         if first is not None and first.activation_dropout:
             keep = 1 - first.activation_dropout
@@ -457,92 +590,127 @@ class FusedFeedbackLoop:
         buffer = self.buffer
         if buffer.length + steps > buffer.capacity:
             buffer._make_room(steps, self.span)
-        self.start = buffer.length  # the first new slot
-        slots = buffer.slots.data  # written in place: no version bump for views saved earlier
+        self.start = buffer.length  # the buffer's first new slot
+        slots = x.new_empty(self.planes, rows, self.heads, self.initial + steps, self.head_dim)
+        slots[:, :, :, : self.initial] = torch.stack(self.window)
         per_layer = [None] * len(self.layers) if encoder_kv is None else [kv.unbind() for kv in encoder_kv.unbind()]
         self.encoder = encoder = _encoder(per_layer, self.encoder_bias, rows)
-        biases = [None if b is None else _per_row(b, rows) for b in self.span_biases]
+        biases = self._biases(rows)
         self._draw_masks(x)
+        # x_t^0 .. x_t^L, the states that eq. 1 mixes; a pre-norm layer writes its output here
+        self.states = states = x.new_empty(len(self.layers) + 1, steps, rows, embed)
+        states[0] = x
+        pre_norm = bool(self.present) and self.present[0].pre_norm
+        if record:
+            for layer, inputs in zip(self.layers, states):
+                if layer is not None:
+                    layer.read_inputs_from(inputs)
         if self.layers and self.layers[0] is not None:
-            self.layers[0].project_block_queries(x, record)
-        self.states = x.new_empty(steps, len(self.layers) + 1, rows, embed)  # x_t^0 .. x_t^L (eq. 1)
+            self.layers[0].project_block_queries(states[0], record)
         memories = x.new_empty(steps, rows, embed)
-        for t, h in enumerate(x.unbind(0)):
-            planes = self._windows(slots, self.start + t)
-            keys = self._keys(planes)
-            states = [h]
+        if record and self.memory_norm is None:
+            self.kv_proj.inputs.block = memories
+        if record and self.memory_norm is not None:
+            self.memory_norm.inputs.block = memories
+        scratch = self._scratch(slots)
+        for t, h in enumerate(states[0].unbind(0)):
+            planes = self._windows(slots, t)
+            keys = self._keys(planes, scratch)
+            outputs = [h]
             for i, layer in enumerate(self.layers):
                 if layer is not None:
                     bias = None if biases[i] is None else biases[i][..., -planes[0].size(1):]
                     memory = (keys[layer.plane // 2], planes[layer.plane + 1], bias)
-                    h = layer(t, h, memory, encoder[i], *self._masks(t, i), record)
-                states.append(h)
-            torch.stack(states, out=self.states[t])
-            m = torch.mm(self.weights[None], self.states[t].view(len(states), -1), out=memories[t].view(1, -1))
+                    h = layer(t, h, memory, encoder[i], *self._masks(t, i), record, states[i + 1, t] if pre_norm else None)
+                elif pre_norm:
+                    states[i + 1, t] = h
+                outputs.append(h)
+            if not pre_norm:
+                torch.stack(outputs[1:], out=states[1:, t])
+            m = torch.mm(self.weights[None], states[:, t].view(len(outputs), -1), out=memories[t].view(1, -1))
             m = m.view(rows, embed)
-            kv = self.kv_proj(m if self.memory_norm is None else self.memory_norm(m, record), record)
-            slots[self.start + t].copy_(kv.view(rows, self.planes, self.heads, self.head_dim).transpose(0, 1))
+            kv = self.kv_proj(m if self.memory_norm is None else self.memory_norm(m, t, record), t, record)
+            slots[:, :, :, self.initial + t] = kv.view(rows, self.planes, self.heads, self.head_dim).transpose(0, 1)
+        # the buffer's new slots (a decoding cache reads them); `.data`: no
+        # version bump for views of it that autograd saved
+        buffer.slots.data[self.start: self.start + steps] = slots[:, :, :, self.initial:].permute(3, 0, 1, 2, 4)
         buffer.length = self.start + steps
-        return self.states[:, -1], memories
+        self.slots = slots
+        return states[-1], memories
 
     # --- backward -----------------------------------------------------------------------------------
 
     def backward(self, output_grads: Optional[Tensor], memory_grads: Optional[Tensor], encoder_kv: Optional[Tensor]):
         """The gradients of _BlockFunction's inputs."""
-        pieces = [self.kv_proj, *([] if self.memory_norm is None else [self.memory_norm]),
-                  *(piece for layer in self.present for piece in layer.pieces())]
-        slots = self.buffer.slots.data
-        steps, _, rows, embed = self.states.shape
-        slot_grads = torch.zeros_like(slots[: self.start + steps])
-        encoder_grads = None if encoder_kv is None else torch.zeros_like(encoder_kv)
-        encoder_views = [None] * len(self.layers) if encoder_grads is None else [
-            tuple(g.view(-1, *g.shape[-2:]) for g in kv.unbind()) for kv in encoder_grads.unbind()]
+        states = self.states
+        _, steps, rows, embed = states.shape
+        slots, slot_grads = self.slots, torch.zeros_like(self.slots)
+        encoder_grads = None
+        if encoder_kv is not None:  # a layer that LayerDrop left out reads none of it
+            encoder_grads = torch.zeros_like(encoder_kv) if None in self.layers else torch.empty_like(encoder_kv)
         position_grads = None if self.positions is None else torch.zeros_like(self.positions)
         bias_grads = [None if b is None else torch.zeros_like(b) for b in self.span_biases]
-        input_grads = torch.empty_like(self.states[:, 0])
-        mixing_grads = []
+        biases = self._biases(rows)
+        input_grads = torch.empty_like(states[0])
+        mixing_grads = _Steps(steps)
+        key_scratch, key_grad_scratch = self._scratch(slots), self._scratch(slots)
         weights = self.weights.unbind()
         for t in reversed(range(steps)):
             # slot t's gradient is complete: every window reading it belongs to a later step
-            kv_grad = slot_grads[self.start + t].transpose(0, 1).reshape(rows, -1)
-            memory_grad = self.kv_proj.backward(kv_grad)
-            if self.memory_norm is not None:
-                memory_grad = self.memory_norm.backward(memory_grad, t)
-            if memory_grads is not None:
-                memory_grad = memory_grad + memory_grads[t]
-            mixing_grads.append(memory_grad)
-            # the top layer's output: its own gradient and its share of m_t
-            if output_grads is None:
-                grad = memory_grad * weights[-1]
+            kv_grad = self.kv_proj.output_grads.at(t, input_grads[t], self.planes * self.heads * self.head_dim)
+            kv_grad.view(rows, self.planes, self.heads, self.head_dim).copy_(
+                slot_grads[:, :, :, self.initial + t].transpose(0, 1))
+            if self.memory_norm is None:
+                memory_grad = self.kv_proj.backward(kv_grad, t, out=mixing_grads.at(t, input_grads[t]))
             else:
-                grad = torch.addcmul(output_grads[t], memory_grad, weights[-1])
-            planes = self._windows(slots, self.start + t)
-            keys = self._keys(planes)
-            plane_grads = self._windows(slot_grads, self.start + t)
-            # with positions, the keys' gradient goes to the slots and to the positions: summed over layers first
-            key_grads = [None if self.positions is not None else g for g in plane_grads[0::2]]
+                memory_grad = self.memory_norm.backward(
+                    self.kv_proj.backward(kv_grad, t, out=self.memory_norm.output_grads.at(t, input_grads[t])), t)
+                mixing_grads.keep(t, memory_grad)
+            if memory_grads is not None:
+                memory_grad += memory_grads[t]
+            planes = self._windows(slots, t)
+            keys = self._keys(planes, key_scratch)
+            plane_grads = self._windows(slot_grads, t)
             slots_read = planes[0].size(1)
+            # with positions, the keys' gradient goes to the slots and to the
+            # positions: summed over the layers first, in key_grad_scratch
+            key_grads = plane_grads[0::2] if self.positions is None else [g[:, :slots_read] for g in key_grad_scratch]
+            written = [self.positions is None] * len(key_grads)
+            # the top layer's output: its own gradient, and its share of m_t
+            top = self.layers[-1].output_grad_slot(t, memory_grad) if self.layers[-1] is not None else None
+            if output_grads is None:
+                grad = torch.mul(memory_grad, weights[-1], out=top)
+            else:
+                grad = torch.addcmul(output_grads[t], memory_grad, weights[-1], out=top)
             for i in reversed(range(len(self.layers))):
                 layer = self.layers[i]
+                below = None if i == 0 or self.layers[i - 1] is None else self.layers[i - 1].output_grad_slot(t, grad)
                 if layer is not None:
                     k = layer.plane // 2
+                    bias = None if biases[i] is None else biases[i][..., -slots_read:]
+                    bias_grad = None if bias_grads[i] is None else bias_grads[i][..., -slots_read:]
                     encoder = None if self.encoder[i] is None else self.encoder[i][:2]
-                    bias = None if bias_grads[i] is None else bias_grads[i][..., -slots_read:]
-                    grad, key_grads[k] = layer.backward(
-                        t, grad, (keys[k], planes[layer.plane + 1]), (key_grads[k], plane_grads[layer.plane + 1], bias),
-                        encoder, encoder_views[i], *self._masks(t, i))
-                grad = torch.addcmul(grad, memory_grad, weights[i], out=input_grads[t] if i == 0 else None)
+                    grad = layer.backward(t, grad, (keys[k], planes[layer.plane + 1], bias),
+                                          (key_grads[k], plane_grads[layer.plane + 1], bias_grad, not written[k]),
+                                          encoder, *self._masks(t, i))
+                    written[k] = True
+                # the input's share of m_t, where the layer below records its output's gradient
+                grad = torch.addcmul(grad, memory_grad, weights[i], out=input_grads[t] if i == 0 else below)
             if self.positions is not None:
-                for plane, summed in zip(plane_grads[0::2], key_grads):
-                    if summed is not None:
+                for plane, summed, was_written in zip(plane_grads[0::2], key_grads, written):
+                    if was_written:
                         plane += summed
                         position_grads[-slots_read:] += summed.sum(0)
         if self.layers and self.layers[0] is not None:
             self.layers[0].block_queries_backward(input_grads)
-        mixing = torch.stack(mixing_grads[::-1]).view(steps, -1, 1)
-        weight_grads = torch.bmm(self.states.view(steps, self.states.size(1), -1), mixing).sum(0).view(-1)
-        window_grads = slot_grads[self.start - self.window[0].size(2): self.start].permute(1, 2, 3, 0, 4).unbind(0)
-        parameter_grads = [g for piece in pieces for g in piece.weight_grads()]
+        for layer, grads in zip(self.layers, [] if encoder_grads is None else encoder_grads.unbind()):
+            if layer is not None:
+                layer.cross.key_value_grads(*(g.view(-1, *g.shape[-2:]) for g in grads.unbind()))
+        weight_grads = torch.mv(states.view(len(states), -1), mixing_grads.joined().view(-1))
+        window_grads = slot_grads[:, :, :, : self.initial].unbind(0)
+        parameter_grads = [*self.kv_proj.weight_grads(), *([] if self.memory_norm is None else
+                                                           self.memory_norm.weight_grads()),
+                           *(g for layer in self.present for g in layer.weight_grads())]
         return (input_grads, encoder_grads, position_grads, weight_grads, *bias_grads, *window_grads,
                 *parameter_grads)
 
