@@ -192,10 +192,12 @@ class FeedbackDecoder(MemoryDecoder):
             states.append(h)  # a left-out layer passes its input on
         return h, self.memory(states, weights)
 
-    _unfused_logged = set()
-
     def _log_unfused(self, reason: str) -> None:
-        if reason not in self._unfused_logged:
-            self._unfused_logged.add(reason)
+        """Once per decoder and reason."""
+        said = getattr(self, "unfused_reasons_said", None)
+        if said is None:
+            said = self.unfused_reasons_said = set()
+        if reason not in said:
+            said.add(reason)
             logger.info(f"feedback loop: {reason} runs step by step through autograd, not as one fused block "
                         "(the same numbers, more operators)")

@@ -90,18 +90,22 @@ class _Steps:
         self.block: Optional[Tensor] = None  # [steps, rows, features]
         self.kept: Dict[int, Tensor] = {}
 
+    def write_into(self, block: Tensor) -> None:
+        """Records are this block tensor's steps (written by someone else)."""
+        self.block, self.kept = block, dict(enumerate(block.unbind(0)))  # each step's view, made once
+
     def at(self, step: int, like: Tensor, features: Optional[int] = None) -> Tensor:
         """Where step `step` writes its [rows, features]: like's rows, and its features by default."""
         if self.block is None:
-            self.block = like.new_empty(self.steps, like.size(0), like.size(-1) if features is None else features)
-        return self.block[step]
+            self.write_into(like.new_empty(self.steps, like.size(0), like.size(-1) if features is None else features))
+        return self.kept[step]
 
     def keep(self, step: int, tensor: Tensor) -> None:
         if self.block is None:  # otherwise written in place already
             self.kept[step] = tensor
 
     def __getitem__(self, step: int) -> Tensor:
-        return self.kept[step] if self.block is None else self.block[step]
+        return self.kept[step]
 
     def joined(self) -> Tensor:
         if self.block is None:
@@ -315,7 +319,7 @@ class _Layer:
         """The layer's inputs, [steps, rows, embed], as what reads them
         records them (the first layer's queries record theirs)."""
         if not self.first:
-            (self.attention_norm if self.pre_norm else self.attention.q).inputs.block = states
+            (self.attention_norm if self.pre_norm else self.attention.q).inputs.write_into(states)
 
     def output_grad_slot(self, step: int, like: Tensor) -> Optional[Tensor]:
         """Where the gradient of the step's output goes (post-norm: the last norm's records)."""
@@ -330,7 +334,7 @@ class _Layer:
         if self.pre_norm:
             flat = self.attention_norm(flat, 0, record)
         if record:
-            self.attention.q.inputs.block = flat.view(x.shape)
+            self.attention.q.inputs.write_into(flat.view(x.shape))
         self.block_queries = self.attention.q(flat, 0, False).view(*x.shape[:2], -1)
 
     def block_queries_backward(self, input_grads: Tensor) -> None:
@@ -580,10 +584,13 @@ class FusedFeedbackLoop:
             keep = 1 - first.activation_dropout
             shape = (steps, len(self.layers), rows, first.fc1.weight.size(0))
             self.activation_masks = x.new_empty(shape).bernoulli_(keep).div_(keep)
+        # each step's and layer's views, made once
+        self.mask_views, self.activation_mask_views = (
+            [[None] * len(self.layers)] * steps if masks is None else [list(step.unbind(0)) for step in masks.unbind(0)]
+            for masks in (self.masks, self.activation_masks))
 
     def _masks(self, step: int, layer: int):
-        return (None if self.masks is None else self.masks[step, layer],
-                None if self.activation_masks is None else self.activation_masks[step, layer])
+        return self.mask_views[step][layer], self.activation_mask_views[step][layer]
 
     def forward(self, x: Tensor, encoder_kv: Optional[Tensor], record: bool) -> Tuple[Tensor, Tensor]:
         steps, rows, embed = x.shape
@@ -608,10 +615,8 @@ class FusedFeedbackLoop:
         if self.layers and self.layers[0] is not None:
             self.layers[0].project_block_queries(states[0], record)
         memories = x.new_empty(steps, rows, embed)
-        if record and self.memory_norm is None:
-            self.kv_proj.inputs.block = memories
-        if record and self.memory_norm is not None:
-            self.memory_norm.inputs.block = memories
+        if record:
+            (self.kv_proj if self.memory_norm is None else self.memory_norm).inputs.write_into(memories)
         scratch = self._scratch(slots)
         for t, h in enumerate(states[0].unbind(0)):
             planes = self._windows(slots, t)
