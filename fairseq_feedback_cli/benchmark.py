@@ -111,7 +111,8 @@ class _CountOps(TorchDispatchMode):
             self.current = previous
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if not (func.is_view or func._schema.name in ("aten::empty", "aten::empty_strided", "aten::detach")):
+        if not (func.is_view or func.namespace == "profiler"  # record_function's markers
+                or func._schema.name in ("aten::empty", "aten::empty_strided", "aten::detach")):
             self.kinds[self.current][func._schema.name.replace("aten::", "")] += 1
         return func(*args, **(kwargs or {}))
 
@@ -371,26 +372,26 @@ BREAKDOWN_ROWS = 8  # the count does not depend on the rows: few, to be quick
 def operator_breakdown(title, build, training, layers, steps):
     """A training step's operators per target step (a position of every
     row), by phase and kind, counted as the ops/step column counts them.
-    The loop's share per step comes from blocks of `steps` and steps / 2,
-    per layer from `layers` and layers - 1 layers. `build(layers)`: a
-    model; `training(model, steps)`: its training step (work)."""
+    The loop's share per step comes from blocks of `steps` and 2 x steps
+    (buckets apart), per layer from `layers` and layers - 1 layers.
+    `build(layers)`: a model; `training(model, steps)`: its training step."""
     counts = {}
-    for shape in ((layers, steps), (layers, steps // 2), (layers - 1, steps)):
+    for shape in ((layers, steps), (layers, 2 * steps), (layers - 1, steps)):
         model = build(shape[0])
         counts[shape] = counted_as_a_gpu_replays_it(model, training(model, shape[1]), warm_up=6).kinds
-    full, half, fewer = counts[layers, steps], counts[layers, steps // 2], counts[layers - 1, steps]
+    full, double, fewer = counts[layers, steps], counts[layers, 2 * steps], counts[layers - 1, steps]
 
-    def per(phase, kind, other, over):
-        return (full[phase][kind] - other[phase][kind]) / over
+    def per_step(phase, kind):
+        return (double[phase][kind] - full[phase][kind]) / steps
 
-    kinds = sorted({k for phase in ("forward", "backward") for k in full[phase]},
-                   key=lambda k: -sum(per(ph, k, half, steps - steps // 2) for ph in ("forward", "backward")))
+    kinds = sorted({k for phase in ("forward", "backward") for k in double[phase]},
+                   key=lambda k: -sum(per_step(ph, k) for ph in ("forward", "backward")))
     print(title)
     print(f"{'operator':44s}{'forward':>10s}{'backward':>10s}{'per layer':>11s}")
     loop = {ph: 0.0 for ph in ("forward", "backward")}
     for kind in kinds:
-        step = [per(ph, kind, half, steps - steps // 2) for ph in ("forward", "backward")]
-        layer = sum(per(ph, kind, fewer, steps) for ph in ("forward", "backward"))
+        step = [per_step(ph, kind) for ph in ("forward", "backward")]
+        layer = sum((full[ph][kind] - fewer[ph][kind]) / steps for ph in ("forward", "backward"))
         if max(abs(v) for v in (*step, layer)) >= 0.05:
             print(f"{kind:44s}{step[0]:10.1f}{step[1]:10.1f}{layer:11.1f}")
         loop["forward"] += step[0]
