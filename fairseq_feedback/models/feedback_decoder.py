@@ -120,7 +120,9 @@ class FeedbackDecoder(MemoryDecoder):
         """Section 3.3, one step at a time. `window`: the memory's keys and
         values that step 0 reads; each step appends the keys and values of its
         memory vector to `buffer`. Returns the top layer's outputs and the
-        memory vectors m_t, both [time, batch, embed]."""
+        memory vectors m_t, both [time, batch, embed]. The block runs as one
+        fused autograd Function (modules/fused_loop.py); options it does not
+        cover, step by step through autograd, below."""
         # everything that does not depend on the step, once: a full window
         # holds m_{t-span} .. m_{t-1}, all visible; shorter ones its last slots
         weights = self.memory.mixing_weights()

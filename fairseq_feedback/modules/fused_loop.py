@@ -34,8 +34,8 @@ otherwise (long spans).
 Dropout masks are drawn once per block, one Bernoulli draw for every layer
 and step, scaled beforehand: a residual with dropout is one addcmul.
 
-Options it does not cover (persistent vectors; attention dropout and
-autocast in training; quant-noise and other hooks on a layer's modules;
+Options it does not cover (persistent vectors; attention dropout in
+training; autocast; quant-noise and other hooks on a layer's modules;
 activations other than relu and gelu) run the loop as before, through
 autograd: `unsupported` says why, and the decoder logs it once.
 """
@@ -56,8 +56,8 @@ ACTIVATIONS = {F.relu: "relu", fairseq_gelu: "gelu"}
 def unsupported(layers: Sequence, grad: bool, device_type: str) -> Optional[str]:
     """Why the fused loop cannot run these layers (None: it can). `grad`:
     whether gradients are wanted."""
-    if grad and torch.is_autocast_enabled(device_type):
-        return "autocast (--amp) in training"
+    if torch.is_autocast_enabled(device_type):
+        return "autocast (--amp)"
     for layer in layers:
         if layer is None:
             continue
@@ -399,12 +399,11 @@ class _Layer:
 
     def backward(self, step: int, grad: Tensor, memory: Tuple[Tensor, Tensor, Optional[Tensor]],
                  memory_grads: Tuple[Tensor, Tensor, Optional[Tensor], bool], encoder: Optional[Tuple[Tensor, Tensor]],
-                 masks: Optional[Tensor], activation_mask: Optional[Tensor],
-                 out: Optional[Tensor] = None) -> Tensor:
-        """The gradient of the step's input (into `out`) from that of its
-        output. The memory's (keys, values, bias; whether to write the keys'
-        rather than add) gradients are added into theirs; the encoder's come
-        once per block (_Attention.key_value_grads)."""
+                 masks: Optional[Tensor], activation_mask: Optional[Tensor]) -> Tensor:
+        """The gradient of the step's input from that of its output. The
+        memory's (keys, values, bias; whether to write the keys' rather than
+        add) gradients are added into theirs; the encoder's come once per
+        block (_Attention.key_value_grads)."""
 
         def self_attention(g, residual, into):
             queries = self.attention.backward(g, step, *memory, *memory_grads)
@@ -422,19 +421,17 @@ class _Layer:
         for k in reversed(range(len(branches))):
             mask = None if masks is None else masks[k]
             norm, output = self.sublayers[k]
-            # where the input's gradient goes: the previous sublayer's norm records it (post-norm)
-            into = out if k == 0 else (None if self.pre_norm else self.sublayers[k - 1][0].output_grads.at(step, grad))
             if self.pre_norm:
                 g = grad if mask is None else torch.mul(grad, mask, out=output.output_grads.at(step, grad))
-                if k == 0 and self.first:
+                if k == 0 and self.first:  # its norm's share comes once per block
                     branches[k](g, None, None)
-                    grad = grad if into is None else into.copy_(grad)
-                else:
-                    inner = branches[k](g, None, norm.output_grads.at(step, grad))
-                    grad = torch.add(grad, norm.backward(inner, step), out=into)
+                else:  # the branch's input gradient goes into its norm's records
+                    grad = grad + norm.backward(branches[k](g, None, norm.output_grads.at(step, grad)), step)
             else:
                 residual = norm.backward(grad, step)
                 g = residual if mask is None else torch.mul(residual, mask, out=output.output_grads.at(step, grad))
+                # the input's gradient goes into the records of the sublayer below's norm
+                into = None if k == 0 else self.sublayers[k - 1][0].output_grads.at(step, grad)
                 grad = branches[k](g, residual, into)
         return grad
 
@@ -594,10 +591,6 @@ class FusedFeedbackLoop:
 
     def forward(self, x: Tensor, encoder_kv: Optional[Tensor], record: bool) -> Tuple[Tensor, Tensor]:
         steps, rows, embed = x.shape
-        buffer = self.buffer
-        if buffer.length + steps > buffer.capacity:
-            buffer._make_room(steps, self.span)
-        self.start = buffer.length  # the buffer's first new slot
         slots = x.new_empty(self.planes, rows, self.heads, self.initial + steps, self.head_dim)
         slots[:, :, :, : self.initial] = torch.stack(self.window)
         per_layer = [None] * len(self.layers) if encoder_kv is None else [kv.unbind() for kv in encoder_kv.unbind()]
@@ -636,10 +629,7 @@ class FusedFeedbackLoop:
             m = m.view(rows, embed)
             kv = self.kv_proj(m if self.memory_norm is None else self.memory_norm(m, t, record), t, record)
             slots[:, :, :, self.initial + t] = kv.view(rows, self.planes, self.heads, self.head_dim).transpose(0, 1)
-        # the buffer's new slots (a decoding cache reads them); `.data`: no
-        # version bump for views of it that autograd saved
-        buffer.slots.data[self.start: self.start + steps] = slots[:, :, :, self.initial:].permute(3, 0, 1, 2, 4)
-        buffer.length = self.start + steps
+        self.buffer.extend(slots[:, :, :, self.initial:].permute(3, 0, 1, 2, 4), self.span)  # a decoding cache reads them
         self.slots = slots
         return states[-1], memories
 
