@@ -21,9 +21,11 @@ step's wall time during which the GPU runs a kernel.
 """
 
 import argparse
+import collections
 import contextlib
 import statistics
 import time
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -89,15 +91,29 @@ def interleaved_rates(workloads, repeats):
 
 class _CountOps(TorchDispatchMode):
     """Operators that reach a backend (each would be a kernel on a GPU), views
-    and allocations left out."""
+    and allocations left out, by phase of a training step and by kind."""
 
     def __init__(self):
         super().__init__()
-        self.count = 0
+        self.kinds = collections.defaultdict(collections.Counter)  # phase -> operator -> count
+        self.current = "training step"
+
+    @property
+    def count(self) -> int:
+        return sum(sum(kinds.values()) for kinds in self.kinds.values())
+
+    @contextlib.contextmanager
+    def phase(self, name: str):
+        previous, self.current = self.current, name
+        try:
+            yield
+        finally:
+            self.current = previous
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if not (func.is_view or func._schema.name in ("aten::empty", "aten::empty_strided", "aten::detach")):
-            self.count += 1
+        if not (func.is_view or func.namespace == "profiler"  # record_function's markers
+                or func._schema.name in ("aten::empty", "aten::empty_strided", "aten::detach")):
+            self.kinds[self.current][func._schema.name.replace("aten::", "")] += 1
         return func(*args, **(kwargs or {}))
 
 
@@ -118,20 +134,29 @@ def loop_as_a_gpu_replays_it(model):
         decoder.use_cuda_graphs("off")
 
 
+def counted_as_a_gpu_replays_it(model, work, warm_up: int = 2) -> _CountOps:
+    """The operators of one call of `work` (a training step), on any device
+    dispatched rather than launched: the feedback loop's as a GPU replays it.
+    `warm_up`: calls before, through the graphs' path (a stream's memory
+    takes a few blocks to fill its span, a graph per length)."""
+    work()
+    with loop_as_a_gpu_replays_it(model):
+        for _ in range(warm_up):  # each shape's first calls: warm-up and capture, and the checks of new graphs
+            work()
+        with _CountOps() as ops:
+            work(ops)
+    return ops
+
+
 def kernels_and_busy_share(model, work, steps_per_call: int, device: torch.device):
     """Kernels per target step (one position of every row) of one call of
     `work`, and the share of its
     wall time that the GPU spends running them (measured under the profiler,
     so a lower bound; None on the CPU, where the count is of dispatched
     operators, the feedback loop's as a GPU replays it)."""
-    work()
     if device.type != "cuda":
-        with loop_as_a_gpu_replays_it(model):
-            for _ in range(2):  # each shape's first calls: warm-up and capture, and the checks of new graphs
-                work()
-            with _CountOps() as ops:
-                work()
-        return ops.count / steps_per_call, None
+        return counted_as_a_gpu_replays_it(model, work).count / steps_per_call, None
+    work()
     synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         start = time.perf_counter()
@@ -161,11 +186,21 @@ def build_translation_model(arch, p, dictionary, seed, extra=()):
     return builders.translation_model(arch, [*sizes, "--dropout", "0.1", *extra], dictionary, seed=seed)
 
 
-def build_language_model(arch, task, p, dictionary, seed, extra=()):
+LM_TASKS = {"transformer_lm": "language_modeling", "feedback_lm": "feedback_language_modeling"}
+
+
+def build_language_model(arch, p, dictionary, seed, extra=()):
     flags = ["--tokens-per-sample", p["block"], "--decoder-input-dim", p["embed_dim"],
              "--decoder-output-dim", p["embed_dim"], "--dropout", "0.1",
              *size_flags("decoder", p["embed_dim"], p["ffn_dim"], p["heads"], p["layers"]), *extra]
-    return builders.language_model(arch, task, flags, dictionary, seed=seed)[0]
+    return builders.language_model(arch, LM_TASKS[arch], flags, dictionary, seed=seed)[0]
+
+
+def language_model_pairs(p):
+    """(name, architecture, options) of the two language models compared."""
+    head_dim = ["--head-dim", str(p["head_dim"])] if "head_dim" in p else []
+    return [("transformer_lm", "transformer_lm", ["--decoder-normalize-before"]),
+            ("feedback_lm", "feedback_lm", ["--memory-span", str(p["span"]), *head_dim])]
 
 
 def models(pairs, build, device, dtype):
@@ -178,18 +213,50 @@ def models(pairs, build, device, dtype):
 
 
 def training_step(model, forward, target):
-    """One optimizer step on `forward()`'s logits; returns the target tokens."""
+    """One optimizer step on `forward()`'s logits; returns the target tokens.
+    `ops`: a _CountOps that counts its phases apart."""
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
 
-    def work():
+    def work(ops: Optional[_CountOps] = None):
+        phase = (lambda name: contextlib.nullcontext()) if ops is None else ops.phase
         model.train()
         optimizer.zero_grad()
-        logits = forward()
-        F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), target().reshape(-1)).backward()
-        optimizer.step()
+        with phase("forward"):
+            logits = forward()
+            loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), target().reshape(-1))
+        with phase("backward"):
+            loss.backward()
+        with phase("optimizer"):
+            optimizer.step()
         return target().numel()
 
     return work
+
+
+def translation_training(model, dictionary, src, target):
+    """A training step on the pairs (src, target), [rows, tokens] each."""
+    lengths = torch.full((len(src),), src.size(1), device=src.device)
+    return training_step(model, lambda: model(src, lengths, shifted(dictionary, target))[0], lambda: target)
+
+
+def consecutive_blocks(model, blocks):
+    """forward() and target() of consecutive blocks of the same streams, each
+    call the next block, the memory carried where the model carries one."""
+    counter, state = iter(range(10**9)), {"k": 0}
+
+    def forward():
+        state["k"] = next(counter) % (len(blocks) - 1)
+        stream = {"stream": "benchmark", "block": state["k"]} if hasattr(model, "streams") else {}
+        return model(blocks[state["k"]], **stream)[0]
+
+    def target():
+        return blocks[state["k"] + 1]
+
+    return forward, target
+
+
+def stream_blocks(dictionary, streams, block, generator, device):
+    return random_tokens(dictionary, streams, block * 64, generator).to(device).split(block, dim=1)
 
 
 def generation(model, dictionary, sample, length, **kwargs):
@@ -243,8 +310,7 @@ def translation(p, seed, device, dtype):
                    lambda arch, extra: build_translation_model(arch, p, dictionary, seed, extra), device, dtype)
     train, beam, state, profiles = {}, {}, {}, {}
     for name, model in built.items():
-        train[name] = training_step(model, lambda m=model: m(src, lengths, shifted(dictionary, target))[0],
-                                    lambda: target)
+        train[name] = translation_training(model, dictionary, src, target)
         beam[name] = generation(model, dictionary, sample, p["length"], beam_size=BEAM)
         with torch.no_grad():
             model.eval()
@@ -265,33 +331,17 @@ def translation(p, seed, device, dtype):
 def language_model(p, seed, device, dtype):
     dictionary = make_dictionary(p["vocab"])
     g = torch.Generator().manual_seed(seed)
-    blocks = random_tokens(dictionary, p["streams"], p["block"] * 64, g).to(device).split(p["block"], dim=1)
+    blocks = stream_blocks(dictionary, p["streams"], p["block"], g, device)
     prompt = random_tokens(dictionary, p["sample_batch"], 1, g).to(device)
     sample = {"net_input": {"src_tokens": prompt, "src_lengths": torch.ones(len(prompt), dtype=torch.long,
                                                                             device=device)},
               "prefix_tokens": prompt}
-    head_dim = ["--head-dim", str(p["head_dim"])] if "head_dim" in p else []
-    tasks = {"transformer_lm": "language_modeling", "feedback_lm": "feedback_language_modeling"}
-    built = models([("transformer_lm", "transformer_lm", ["--decoder-normalize-before"]),
-                    ("feedback_lm", "feedback_lm", ["--memory-span", str(p["span"]), *head_dim])],
-                   lambda arch, extra: build_language_model(arch, tasks[arch], p, dictionary, seed, extra),
+    built = models(language_model_pairs(p), lambda arch, extra: build_language_model(arch, p, dictionary, seed, extra),
                    device, dtype)
 
     train, evaluate, sampling, profiles = {}, {}, {}, {}
     for name, model in built.items():
-        # consecutive blocks of the same streams, with the memory carried where
-        # the model carries one
-        counter = iter(range(10**9))
-        state = {"k": 0}
-
-        def forward(model=model, counter=counter, state=state):
-            state["k"] = next(counter) % (len(blocks) - 1)
-            stream = {"stream": "benchmark", "block": state["k"]} if hasattr(model, "streams") else {}
-            return model(blocks[state["k"]], **stream)[0]
-
-        def target(state=state):
-            return blocks[state["k"] + 1]
-
+        forward, target = consecutive_blocks(model, blocks)
         train[name] = training_step(model, forward, target)
 
         @torch.no_grad()
@@ -312,6 +362,78 @@ def language_model(p, seed, device, dtype):
         f"sampling {p['sample_batch']} sequences of {p['block'] - 2} tokens",
         ["train tok/s", "eval tok/s", "sample tok/s"],
         [(name, *(r[name] for r in rates)) for name in built], profiles)
+
+
+# --- where the operators are (--breakdown) ----------------------------------------------------------------
+
+BREAKDOWN_ROWS = 8  # the count does not depend on the rows: few, to be quick
+
+
+def operator_breakdown(title, build, training, layers, steps):
+    """A training step's operators per target step (a position of every
+    row), by phase and kind, counted as the ops/step column counts them.
+    The loop's share per step comes from blocks of `steps` and 2 x steps
+    (buckets apart), per layer from `layers` and layers - 1 layers.
+    `build(layers)`: a model; `training(model, steps)`: its training step."""
+    counts = {}
+    for shape in ((layers, steps), (layers, 2 * steps), (layers - 1, steps)):
+        model = build(shape[0])
+        counts[shape] = counted_as_a_gpu_replays_it(model, training(model, shape[1]), warm_up=6).kinds
+    full, double, fewer = counts[layers, steps], counts[layers, 2 * steps], counts[layers - 1, steps]
+
+    def per_step(phase, kind):
+        return (double[phase][kind] - full[phase][kind]) / steps
+
+    kinds = sorted({k for phase in ("forward", "backward") for k in double[phase]},
+                   key=lambda k: -sum(per_step(ph, k) for ph in ("forward", "backward")))
+    print(title)
+    print(f"{'operator':44s}{'forward':>10s}{'backward':>10s}{'per layer':>11s}")
+    loop = {ph: 0.0 for ph in ("forward", "backward")}
+    for kind in kinds:
+        step = [per_step(ph, kind) for ph in ("forward", "backward")]
+        layer = sum((full[ph][kind] - fewer[ph][kind]) / steps for ph in ("forward", "backward"))
+        if max(abs(v) for v in (*step, layer)) >= 0.05:
+            print(f"{kind:44s}{step[0]:10.1f}{step[1]:10.1f}{layer:11.1f}")
+        loop["forward"] += step[0]
+        loop["backward"] += step[1]
+    total = {ph: sum(full[ph].values()) / steps for ph in ("forward", "backward", "optimizer")}
+    print(f"{'in the loop, per step':44s}{loop['forward']:10.1f}{loop['backward']:10.1f}")
+    print(f"{'outside the loop, per target step':44s}{total['forward'] - loop['forward']:10.1f}"
+          f"{total['backward'] - loop['backward']:10.1f}")
+    print(f"{'optimizer (Adam), per target step':44s}{total['optimizer']:20.1f}")
+    print(f"{'total per target step (ops/step)':44s}{sum(total.values()):20.1f}\n")
+
+
+def breakdown(which, preset, seed):
+    """--breakdown: where the feedback models' operators are."""
+    if which in (None, "translation"):
+        p = PRESETS[preset]["translation"]
+        dictionary = make_dictionary(p["vocab"])
+
+        def training(model, steps):
+            g = torch.Generator().manual_seed(seed)
+            return translation_training(model, dictionary, *(random_tokens(dictionary, BREAKDOWN_ROWS, steps, g)
+                                                             for _ in range(2)))
+
+        operator_breakdown(
+            f"operators per target step of a training step, feedback_transformer d={p['embed_dim']} "
+            f"ffn={p['ffn_dim']} heads={p['heads']} layers={p['layers']}+{p['layers']}, {p['length']} target steps",
+            lambda layers: build_translation_model("feedback_transformer", dict(p, layers=layers), dictionary, seed),
+            training, p["layers"], p["length"])
+    if which in (None, "lm"):
+        p = PRESETS[preset]["lm"]
+        dictionary = make_dictionary(p["vocab"])
+        (_, arch, extra), = [pair for pair in language_model_pairs(p) if pair[1] == "feedback_lm"]
+
+        def training(model, steps):
+            blocks = stream_blocks(dictionary, BREAKDOWN_ROWS, steps, torch.Generator().manual_seed(seed), "cpu")
+            return training_step(model, *consecutive_blocks(model, blocks))
+
+        operator_breakdown(
+            f"operators per target step of a training step, feedback_lm d={p['embed_dim']} ffn={p['ffn_dim']} "
+            f"heads={p['heads']} layers={p['layers']}, blocks of {p['block']} (span {p['span']}, memory carried)",
+            lambda layers: build_language_model(arch, dict(p, layers=layers), dictionary, seed, extra),
+            training, p["layers"], p["block"])
 
 
 def print_table(title, columns, rows, profiles):
@@ -340,6 +462,10 @@ def main(argv=None):
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32",
                         help="the models' parameters and activations (fp16: on a GPU)")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--breakdown", action="store_true",
+                        help="instead of the rates: the feedback models' operators per target step of a training "
+                             f"step by kind, forward and backward, in the loop and per layer ({BREAKDOWN_ROWS} rows, "
+                             "on the CPU, as a GPU replays the loop)")
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         fail("--device cuda: no GPU is visible to torch")
@@ -351,6 +477,9 @@ def main(argv=None):
     device, dtype = torch.device(args.device), DTYPES[args.dtype]
     where = torch.cuda.get_device_name() if device.type == "cuda" else f"{torch.get_num_threads()} CPU threads"
     print(f"torch {torch.__version__}, {where}, {args.dtype}, preset {args.preset}\n")
+    if args.breakdown:
+        breakdown(args.only, args.preset, args.seed)
+        return
     if args.only in (None, "translation"):
         translation(PRESETS[args.preset]["translation"], args.seed, device, dtype)
     if args.only in (None, "lm"):

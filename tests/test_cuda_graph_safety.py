@@ -22,7 +22,7 @@ from helpers import (PLUGIN, assert_same_hypotheses, assert_same_loss_and_gradie
 from torch import nn
 
 from fairseq_feedback.models.graphed_loop import GraphedFeedbackLoop
-from fairseq_feedback.modules import block_weight_gradients
+from fairseq_feedback.modules import block_weight_gradients, fused_loop
 from fairseq_feedback.modules.cuda_graphs import (GraphCache, GraphedFunction, RecordedGraphBackend,
                                                   log_statistics_of_every_cache)
 from fairseq_feedback.modules.cuda_graphs.backends import SharedPool
@@ -115,28 +115,37 @@ def test_what_a_graph_hands_out_outlives_other_graphs_replays():
 
 # --- the first backward through a new graph ---------------------------------------------------------
 
+# the two Functions whose backward consumes per-block state: the fused block's, and (for options it does not
+# cover, here persistent vectors) the per-block weight gradients of the loop run through autograd
+BLOCK_BACKWARDS = {"fused block": ([], fused_loop._BlockFunction, lambda ctx: ctx.loop),
+                   "through autograd": (["--persistent-vectors", "2"], block_weight_gradients._BlockWeights,
+                                        lambda ctx: ctx.block)}
+
+
+@pytest.mark.parametrize("loop", BLOCK_BACKWARDS.values(), ids=BLOCK_BACKWARDS.keys())
 @pytest.mark.parametrize("layers", [1, 3, 12])
-def test_a_new_graph_runs_one_backward_over_each_autograd_graph(layers, monkeypatch):
+def test_a_new_graph_runs_one_backward_over_each_autograd_graph(layers, loop, monkeypatch):
     """The warm-up before capture is an autograd graph of its own, run
     forward and backward once, and so is the check's eager reference: the
     per-block weight gradients consume what their forward left, and a second
     backward over the warm-up's graph failed at every GPU user's first update
     (IndexError at block.inputs[t], found by review)."""
-    backward, backwards = block_weight_gradients._BlockWeights.backward, []
+    flags, function, state = loop
+    backward, backwards = function.backward, []
 
     def counted(ctx, *grads):
-        backwards.append(id(ctx.block))
+        backwards.append(state(ctx))  # held: a freed block's id could come again
         return backward(ctx, *grads)
 
-    model, d = tiny_translation_model("--memory-span", "4", "--dropout", "0", layers=layers)
+    model, d = tiny_translation_model("--memory-span", "4", "--dropout", "0", *flags, layers=layers)
     batches = translation_batches(d)
     model.decoder.use_cuda_graphs("off")
     eager = training_results(model, batches)
-    monkeypatch.setattr(block_weight_gradients._BlockWeights, "backward", staticmethod(counted))
+    monkeypatch.setattr(function, "backward", staticmethod(counted))
     model.decoder.use_cuda_graphs("emulate")
     for got, expected in zip(training_results(model, batches), eager):
         assert_same_loss_and_gradients(got, expected)
-    assert backwards and len(set(backwards)) == len(backwards)
+    assert backwards and len(set(map(id, backwards))) == len(backwards)
     assert model.decoder.graphed.cache.failed is None
 
 

@@ -16,17 +16,21 @@ too: `feedback_loop` is the whole model, and every mode (training, streaming,
 decoding) runs it from a memory that it starts or resumes.
 """
 
+import logging
 from typing import Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
 
+from ..modules import fused_loop
 from ..modules.memory_view import MemoryView, SlotDistances, with_positions
 from ..modules.memory_decoder_layer import MemoryDecoderLayer
 from ..modules.feedback_memory import FeedbackMemory
 from ..modules.key_value_buffer import KeyValueBuffer
 from .graphed_loop import GraphedFeedbackLoop
 from .memory_decoder import IncrementalState, MemoryDecoder
+
+logger = logging.getLogger(__name__)
 
 
 class FeedbackDecoder(MemoryDecoder):
@@ -116,7 +120,9 @@ class FeedbackDecoder(MemoryDecoder):
         """Section 3.3, one step at a time. `window`: the memory's keys and
         values that step 0 reads; each step appends the keys and values of its
         memory vector to `buffer`. Returns the top layer's outputs and the
-        memory vectors m_t, both [time, batch, embed]."""
+        memory vectors m_t, both [time, batch, embed]. The block runs as one
+        fused autograd Function (modules/fused_loop.py); options it does not
+        cover, step by step through autograd, below."""
         # everything that does not depend on the step, once: a full window
         # holds m_{t-span} .. m_{t-1}, all visible; shorter ones its last slots
         weights = self.memory.mixing_weights()
@@ -124,6 +130,14 @@ class FeedbackDecoder(MemoryDecoder):
         span_masks = [None if layer is None else layer.self_attn.span_mask for layer in layers]
         span_biases = [None if mask is None else full_window.span_bias(mask) for mask in span_masks]
         positions = None if self.key_positions is None else full_window.positions(self.key_positions)[0]
+        grad = torch.is_grad_enabled()
+        why_not = fused_loop.unsupported(layers, grad, x.device.type)
+        if why_not is None and grad and buffer.resumed:
+            why_not = "gradients through a decoding cache"
+        if why_not is None:
+            loop = fused_loop.FusedFeedbackLoop(self, buffer, window, span, layers, positions, span_biases, weights)
+            return loop(x, encoder_kv, encoder_bias)
+        self._log_unfused(why_not)
         persistent = self.persistent_vectors(layers)
         encoder_kv = self.per_layer(encoder_kv, len(layers))
         outputs, memories = [], []
@@ -169,9 +183,23 @@ class FeedbackDecoder(MemoryDecoder):
         """One step t through every layer, each reading its view of the
         memory: x_t^{l+1} = Layer_l(x_t^l, memory). Returns the top layer's
         output and the step's memory vector m_t (eq. 1)."""
+        if not torch.is_grad_enabled() and not self.training and fused_loop.unsupported(
+                layers, False, h.device.type) is None:
+            h, states = fused_loop.step(h, views, layers, encoder_kv, encoder_bias)
+            return h, self.memory(states, weights)
         states = [h]
         for layer, view, kv in zip(layers, views, encoder_kv):
             if layer is not None:
                 h = layer.forward_memory(h, view, kv, encoder_bias)
             states.append(h)  # a left-out layer passes its input on
         return h, self.memory(states, weights)
+
+    def _log_unfused(self, reason: str) -> None:
+        """Once per decoder and reason."""
+        said = getattr(self, "unfused_reasons_said", None)
+        if said is None:
+            said = self.unfused_reasons_said = set()
+        if reason not in said:
+            said.add(reason)
+            logger.info(f"feedback loop: {reason} runs step by step through autograd, not as one fused block "
+                        "(the same numbers, more operators)")

@@ -36,6 +36,13 @@ class KeyValueBuffer:
     def capacity(self) -> int:
         return self.slots.size(0)
 
+    @property
+    def resumed(self) -> bool:
+        """Whether autograd still holds this buffer from an earlier decoding
+        call (see CachedKeyValues): then gradients reach its earlier slots
+        through `grad`."""
+        return _BUFFERS.get(id(self.slots)) is self
+
     def append(self, new: Tensor, window: int) -> Tuple[Tensor, ...]:
         """Writes `new` ([n, planes, batch, heads, head_dim]) after the filled
         slots and returns the last `window` slots, as one [batch, heads, slots,
@@ -44,20 +51,28 @@ class KeyValueBuffer:
             self._make_room(new.size(0), window)
         if torch.is_grad_enabled() and new.requires_grad:
             return _AppendToBuffer.apply(new, self, window)
-        return self._write(new, window)
+        self._write(new)
+        return self.window(window)
+
+    def extend(self, new: Tensor, window: int) -> None:
+        """Writes `new` after the filled slots, outside autograd: for a
+        caller that computes its slots' gradients itself (fused_loop.py).
+        The slots that no later `window` reaches may go to make room."""
+        if self.length + new.size(0) > self.capacity:
+            self._make_room(new.size(0), window)
+        self._write(new)
 
     def window(self, size: int) -> Tuple[Tensor, ...]:
         slots = self.slots[max(0, self.length - size) : self.length]
         return tuple(slots.permute(1, 2, 3, 0, 4).unbind(0))
 
-    def _write(self, new: Tensor, window: int) -> Tuple[Tensor, ...]:
+    def _write(self, new: Tensor) -> None:
         start, end = self.length, self.length + new.size(0)
         # `.data` is an alias with its own version counter: windows handed out
         # earlier and saved for backward must not see a version bump, since
         # their slots are never overwritten.
         self.slots.data[start:end] = new
         self.length = end
-        return self.window(window)
 
     def _make_room(self, incoming: int, window: int) -> None:
         """Grows the buffer (decoding; a training block sizes its own). It drops
@@ -128,7 +143,8 @@ class _AppendToBuffer(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, new: Tensor, buffer: KeyValueBuffer, window: int):
-        planes = buffer._write(new, window)
+        buffer._write(new)
+        planes = buffer.window(window)
         ctx.buffer = buffer  # not save_for_backward: the buffer is no graph input
         ctx.start, ctx.end = buffer.length - new.size(0), buffer.length
         ctx.window_start = ctx.end - planes[0].size(2)

@@ -1,0 +1,202 @@
+"""The feedback loop as one fused block (modules/fused_loop.py) computes what
+the loop through autograd computes, step by step: the same outputs and
+gradients, with dropout the same masks, and the same memory carried from
+block to block; options it does not cover run through autograd, said once."""
+
+import contextlib
+import logging
+from unittest import mock
+
+import pytest
+import torch
+from helpers import (DEPTHS, assert_same_loss_and_gradients, batch, loss_and_gradients, make_dictionary, tiny_lm,
+                     tiny_translation_model)
+
+from fairseq_feedback.modules import fused_loop
+
+OPTIONS = {
+    "post-norm": [],
+    "pre-norm": ["--decoder-normalize-before"],
+    "per-layer kv": ["--per-layer-kv"],
+    "relative positions, adaptive span": ["--relative-positions", "--adaptive-span", "--adaptive-span-ramp", "2"],
+    "pre-norm, per-layer kv, relative positions": ["--decoder-normalize-before", "--per-layer-kv",
+                                                   "--relative-positions"],
+    "average memory, no feed-forward": ["--memory-composition", "average", "--no-feed-forward"],
+    "layer-1 memory, gelu": ["--memory-composition", "layer:1", "--activation-fn", "gelu"],
+}
+SPANS = {"span shorter than target": 3, "span longer than target": 16}
+
+
+def through_autograd():
+    """Within it, the decoder runs its loop step by step through autograd."""
+    return mock.patch.object(fused_loop, "unsupported", lambda *args: "the reference loop of a test")
+
+
+def trained(model):
+    """Mixing weights away from uniform and adaptive spans that differ per head, so that every term matters."""
+    if model.decoder.memory.layer_weights is not None:
+        torch.nn.init.normal_(model.decoder.memory.layer_weights)
+    for layer in model.decoder.layers:
+        if layer.self_attn.span_mask is not None:
+            fraction = layer.self_attn.span_mask.span_fraction
+            fraction.data = torch.linspace(0.05, 0.3, len(fraction))
+    return model
+
+
+def both_ways(model, forward, target, seed=0):
+    """(loss, gradients) of the fused block, then of the loop through autograd, from the same seed."""
+    torch.manual_seed(seed)
+    model.zero_grad()
+    fused = loss_and_gradients(model, forward, target)
+    with through_autograd():
+        torch.manual_seed(seed)
+        model.zero_grad()
+        reference = loss_and_gradients(model, forward, target)
+    return fused, reference
+
+
+@pytest.mark.parametrize("depth", DEPTHS.values(), ids=DEPTHS.keys())
+@pytest.mark.parametrize("span", SPANS.values(), ids=SPANS.keys())
+@pytest.mark.parametrize("flags", OPTIONS.values(), ids=OPTIONS.keys())
+def test_the_fused_block_trains_as_the_loop_through_autograd(flags, span, depth):
+    model, d = tiny_translation_model("--memory-span", str(span), "--dropout", "0", *flags, layers=depth)
+    trained(model).train()
+    src, src_lengths, prev = batch(d)
+    target = torch.randint(d.nspecial, len(d), prev.shape)
+    fused, reference = both_ways(model, lambda: model(src, src_lengths, prev)[0], target)
+    assert_same_loss_and_gradients(fused, reference)
+
+
+@pytest.mark.parametrize("span", [4, 40], ids=["attention weights kept", "attention weights computed again"])
+@pytest.mark.parametrize("flags", [[], ["--adaptive-span", "--adaptive-span-ramp", "2"], ["--per-layer-kv"]],
+                         ids=["relative positions", "adaptive span", "per-layer kv"])
+def test_a_stream_trains_block_after_block_as_through_autograd(flags, span, monkeypatch):
+    """Five blocks of a stream, the memory carried (projected again by each
+    block), each block's loss and gradients. Once a step reads many slots
+    (here heads x slots > embed + ffn), its attention weights would take
+    more room than its feed-forward block: the backward computes them
+    again instead of keeping them."""
+    model, task = tiny_lm("--memory-span", str(span), *flags)
+    trained(model).train()
+    for layer in model.decoder.layers:  # the widest head's span, read by the memory, near --memory-span
+        if layer.self_attn.span_mask is not None:
+            layer.self_attn.span_mask.span_fraction.data = torch.tensor([0.3, 0.9])
+    d = task.source_dictionary
+    tokens, target = torch.randint(d.nspecial, len(d), (2, 3, 5 * 7))
+    kept = set()
+    pieces = fused_loop.FusedFeedbackLoop._pieces
+    monkeypatch.setattr(fused_loop.FusedFeedbackLoop, "_pieces",
+                        lambda loop, steps: (pieces(loop, steps), kept.add(loop.layers[0].attention.keep_probs)))
+
+    def blocks():
+        results = []
+        for k, (block, block_target) in enumerate(zip(tokens.split(7, 1), target.split(7, 1))):
+            model.zero_grad()
+            results.append(loss_and_gradients(model, lambda: model(block, stream="train", block=k)[0],
+                                              block_target))
+        return results
+
+    fused = blocks()
+    with through_autograd():
+        reference = blocks()
+    for got, expected in zip(fused, reference):
+        assert_same_loss_and_gradients(got, expected)
+    assert True in kept and (False in kept) == (span == 40)
+
+
+class ReplayedDropout(torch.nn.Module):
+    """A layer's dropout, multiplying by the masks the fused block drew for
+    it (scaled), in the order the loop through autograd asks for them."""
+
+    def __init__(self, masks):
+        super().__init__()
+        self.masks = iter(masks)
+
+    def forward(self, x, inplace=False):
+        return x * next(self.masks)
+
+
+@pytest.mark.parametrize("flags", [[], ["--decoder-normalize-before", "--relative-positions"]],
+                         ids=["post-norm", "pre-norm"])
+def test_with_dropout_the_fused_block_trains_as_the_loop_through_autograd_with_its_masks(
+        flags, monkeypatch):
+    """The block draws every mask at once; the loop through autograd, given
+    those masks, computes the same loss and gradients."""
+    model, d = tiny_translation_model("--memory-span", "4", "--dropout", "0.3", "--activation-dropout", "0.2",
+                                      *flags, layers=3)
+    trained(model).train()
+    src, src_lengths, prev = batch(d)
+    target = torch.randint(d.nspecial, len(d), prev.shape)
+    drawn = []
+    draw = fused_loop.FusedFeedbackLoop._draw_masks
+    monkeypatch.setattr(fused_loop.FusedFeedbackLoop, "_draw_masks",
+                        lambda loop, x: (draw(loop, x), drawn.append((loop.masks, loop.activation_masks))))
+    torch.manual_seed(0)
+    model.zero_grad()
+    fused = loss_and_gradients(model, lambda: model(src, src_lengths, prev)[0], target)
+    (masks, activation_masks), = drawn
+    assert masks is not None and activation_masks is not None
+    steps, layers, sublayers = masks.shape[:3]
+    for i, layer in enumerate(model.decoder.layers):  # [steps, sublayers] in the order the loop reads them
+        monkeypatch.setattr(layer, "dropout_module", ReplayedDropout(masks[:, i].flatten(0, 1)))
+        monkeypatch.setattr(layer, "activation_dropout_module", ReplayedDropout(activation_masks[:, i]))
+    with through_autograd():
+        torch.manual_seed(0)  # the encoder's and the embeddings' dropout as before
+        model.zero_grad()
+        reference = loss_and_gradients(model, lambda: model(src, src_lengths, prev)[0], target)
+    assert_same_loss_and_gradients(fused, reference)
+    # the masks are dropout's: about 1 - p kept, scaled by 1 / (1 - p)
+    assert torch.equal(masks.unique(), torch.tensor([0, 1 / 0.7])) and abs(float((masks > 0).float().mean()) - 0.7) < 0.1
+
+
+def test_under_layerdrop_the_fused_block_trains_the_layers_kept():
+    model, d = tiny_translation_model("--decoder-layerdrop", "0.5", "--decoder-layers", "6", "--dropout", "0",
+                                      "--decoder-normalize-before")
+    trained(model).train()
+    src, src_lengths, prev = batch(d)
+    target = torch.randint(d.nspecial, len(d), prev.shape)
+    kept = set()
+    for seed in range(3):  # LayerDrop's pattern from the seed: the same both ways
+        fused, reference = both_ways(model, lambda: model(src, src_lengths, prev)[0], target, seed)
+        assert_same_loss_and_gradients(fused, reference)
+        kept.add(sum(name.startswith("decoder.") and name.endswith("fc1.weight") for name in fused[1]))
+    assert min(kept) < 6
+
+
+def test_an_option_the_block_does_not_cover_runs_through_autograd_said_once(caplog):
+    model, d = tiny_translation_model("--persistent-vectors", "2")
+    src, src_lengths, prev = batch(d)
+    calls = []
+    model.decoder.__dict__["feedback_step"] = lambda *args: calls.append(1) or type(model.decoder).feedback_step(
+        model.decoder, *args)
+    with caplog.at_level(logging.INFO):
+        for _ in range(2):
+            model(src, src_lengths, prev)[0].sum().backward()
+    assert len(calls) == 2 * prev.size(1)  # step by step
+    said = [r.message for r in caplog.records if "--persistent-vectors" in r.message]
+    assert said == ["feedback loop: --persistent-vectors runs step by step through autograd, not as one fused block "
+                    "(the same numbers, more operators)"]
+
+
+def test_a_second_backward_over_one_block_is_refused_with_the_reason():
+    model, d = tiny_translation_model("--dropout", "0")
+    src, src_lengths, prev = batch(d)
+    loss = model(src, src_lengths, prev)[0].sum()
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="backward ran twice over one block"):
+        loss.backward()
+
+
+def test_decoding_without_gradients_records_nothing_for_a_backward(monkeypatch):
+    """Evaluation and search run the block's forward alone."""
+    d = make_dictionary()
+    model, _ = tiny_lm(dictionary=d)
+    model.eval()
+    made = []
+    pieces = fused_loop.FusedFeedbackLoop._pieces
+    monkeypatch.setattr(fused_loop.FusedFeedbackLoop, "_pieces", lambda loop, steps: (pieces(loop, steps),
+                                                                                       made.append(loop)))
+    with torch.no_grad():
+        model(torch.randint(d.nspecial, len(d), (2, 5)))
+    (loop,) = made
+    assert not loop.kv_proj.inputs.kept and not loop.layers[1].attention.queries
