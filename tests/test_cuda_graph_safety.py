@@ -149,6 +149,22 @@ def test_a_new_graph_runs_one_backward_over_each_autograd_graph(layers, loop, mo
     assert model.decoder.graphed.cache.failed is None
 
 
+@pytest.mark.parametrize("loop", BLOCK_BACKWARDS.values(), ids=BLOCK_BACKWARDS.keys())
+def test_in_a_graph_only_the_loop_through_autograd_takes_per_block_linear_layers(loop, monkeypatch):
+    """The fused block takes its weight gradients once per block by itself:
+    per-block linear layers around it would add autograd nodes that no
+    gradient reaches."""
+    flags, wrapped = loop[0], []
+    per_block_linear = block_weight_gradients._BlockLinear
+    monkeypatch.setattr(block_weight_gradients, "_BlockLinear",
+                        lambda linear: wrapped.append(linear) or per_block_linear(linear))
+    model, d = tiny_translation_model("--memory-span", "4", "--dropout", "0", *flags, layers=2)
+    model.decoder.use_cuda_graphs("emulate")
+    training_results(model, translation_batches(d))
+    assert bool(wrapped) == bool(flags)
+    assert model.decoder.graphed.cache.failed is None
+
+
 # --- any failure gives way to the eager loop ----------------------------------------------------------
 
 FAILURES = {

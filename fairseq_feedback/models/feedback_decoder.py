@@ -43,6 +43,7 @@ class FeedbackDecoder(MemoryDecoder):
             composition=cfg.memory_composition,
         )
         self.use_cuda_graphs("off" if cfg.no_cuda_graphs else str(cfg.cuda_graphs))
+        self.unfused_reasons_said = set()  # _log_unfused says each once
 
     def use_cuda_graphs(self, mode: str) -> None:
         """How the loop runs (--cuda-graphs): "off" eagerly; "auto" as CUDA
@@ -130,10 +131,7 @@ class FeedbackDecoder(MemoryDecoder):
         span_masks = [None if layer is None else layer.self_attn.span_mask for layer in layers]
         span_biases = [None if mask is None else full_window.span_bias(mask) for mask in span_masks]
         positions = None if self.key_positions is None else full_window.positions(self.key_positions)[0]
-        grad = torch.is_grad_enabled()
-        why_not = fused_loop.unsupported(layers, grad, x.device.type)
-        if why_not is None and grad and buffer.resumed:
-            why_not = "gradients through a decoding cache"
+        why_not = self.unfused_reason(layers, x.device.type, buffer)
         if why_not is None:
             loop = fused_loop.FusedFeedbackLoop(self, buffer, window, span, layers, positions, span_biases, weights)
             return loop(x, encoder_kv, encoder_bias)
@@ -194,12 +192,18 @@ class FeedbackDecoder(MemoryDecoder):
             states.append(h)  # a left-out layer passes its input on
         return h, self.memory(states, weights)
 
+    def unfused_reason(self, layers: List[Optional[MemoryDecoderLayer]], device_type: str,
+                       buffer: Optional[KeyValueBuffer] = None) -> Optional[str]:
+        """Why feedback_loop runs these layers step by step through autograd
+        rather than as one fused block (None: fused)."""
+        grad = torch.is_grad_enabled()
+        if grad and buffer is not None and buffer.resumed:
+            return "gradients through a decoding cache"
+        return fused_loop.unsupported(layers, grad, device_type)
+
     def _log_unfused(self, reason: str) -> None:
         """Once per decoder and reason."""
-        said = getattr(self, "unfused_reasons_said", None)
-        if said is None:
-            said = self.unfused_reasons_said = set()
-        if reason not in said:
-            said.add(reason)
+        if reason not in self.unfused_reasons_said:
+            self.unfused_reasons_said.add(reason)
             logger.info(f"feedback loop: {reason} runs step by step through autograd, not as one fused block "
                         "(the same numbers, more operators)")

@@ -21,6 +21,7 @@ the real ones, and with --cuda-graphs emulate, on any device, a stand-in
 that runs the same path (modules/cuda_graphs/backends.py).
 """
 
+import contextlib
 import logging
 from typing import List, Optional
 
@@ -118,9 +119,12 @@ class GraphedFeedbackLoop:
 
         def loop(x, initial, encoder_kv, encoder_bias):
             buffer, window = decoder.start_memory(initial, len(x), span)
-            # in a graph kernels cost and Python does not: the linear layers'
-            # weight gradients once per block
-            with weight_gradients_per_block(decoder.loop_modules(layers)):
+            # in a graph kernels cost and Python does not: the loop through
+            # autograd takes the linear layers' weight gradients once per block
+            # too (the fused block does by itself)
+            per_block = (contextlib.nullcontext() if decoder.unfused_reason(layers, x.device.type) is None
+                         else weight_gradients_per_block(decoder.loop_modules(layers)))
+            with per_block:
                 outputs, memories = decoder.feedback_loop(x, buffer, window, span, layers, encoder_kv, encoder_bias)
             return outputs, memories.detach()  # a stream carries its memory detached: no backward for it
 

@@ -13,9 +13,11 @@ step's backward computes only its input's gradient and keeps g_t. Every step
 reads the weights through one node made at the start of the block; autograd
 runs that node after all the steps that read it, and it computes dW and db.
 
-The loop replayed as a CUDA graph uses it (graphed_loop.py): there kernels
-cost and Python does not. Run eagerly, the two autograd functions per layer
-and step cost more in Python than the kernels they save at small sizes.
+The loop through autograd (for options that the fused block,
+fused_loop.py, does not cover) uses it when replayed as a CUDA graph
+(graphed_loop.py): there kernels cost and Python does not. Run eagerly,
+the two autograd functions per layer and step cost more in Python than
+the kernels they save at small sizes.
 """
 
 import contextlib
