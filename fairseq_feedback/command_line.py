@@ -228,6 +228,11 @@ def check_fairseq_options(cfg) -> None:
     for options, ranges in ((cfg.get("dataset"), DATASET_RANGES), (cfg.get("generation"), GENERATION_RANGES)):
         if options is not None:
             check_ranges(options, ranges)
+    dataset, task = cfg.get("dataset"), cfg.get("task")
+    if dataset is not None and (getattr(task, "num_batch_buckets", None) or 0) > 0 \
+            and getattr(dataset, "max_tokens", None) is None:
+        # fairseq asserts it deep in its batching (FairseqDataset.adjust_bsz)
+        raise FeedbackUsageError("--num-batch-buckets batches by tokens: add --max-tokens")
     generation = cfg.get("generation")
     if generation is not None and generation.max_len_a == 0 and generation.max_len_b < generation.min_len:
         raise FeedbackUsageError(f"--max-len-b {generation.max_len_b} is below --min-len {generation.min_len}: "

@@ -110,6 +110,9 @@ CASES = {
     "interactive --beam 0": Case("interactive", [*GENERATE, "--beam", "0"], "--beam must be at least 1, got 0",
                                  stdin="s1 s2\n"),
     "translation --batch-size 0": tr("--batch-size", "0", message="--batch-size must be at least 1, got 0"),
+    "translation --num-batch-buckets without --max-tokens": Case(
+        "train", [*[a for a in TR_TRAIN if a not in ("--max-tokens", "200")], "--batch-size", "2",
+                  "--num-batch-buckets", "2"], "--num-batch-buckets batches by tokens: add --max-tokens"),
     "lm --memory-span 0 (cold)": lm("--memory-span", "0", cold=True, message="--memory-span must be at least 1, got 0"),
     "lm --base-layers -1": lm("--base-layers", "-1", message="--base-layers is not supported by the feedback decoder"),
     # the streams' batches
