@@ -215,14 +215,20 @@ def test_a_graph_that_fails_at_any_stage_gives_the_eager_numbers_with_one_warnin
     assert model.decoder.graphed.cache.statistics.calls == (3 if failure == "later replay" else 1)
 
 
-def test_a_search_whose_graph_disagrees_continues_eagerly_with_the_eager_hypotheses(monkeypatch, caplog):
-    model, d = tiny_translation_model("--memory-span", "6", layers=3)
+def an_eager_search(span: int, max_len: int):
+    """A 3-layer model in evaluation, beam 5 over 9 sentences, and its
+    hypotheses with --cuda-graphs off: (model, dictionary, search options, sample, hypotheses)."""
+    model, d = tiny_translation_model("--memory-span", str(span), layers=3)
     model.eval()
     src, lengths, _ = batch(d, rows=9, src_len=6)
     sample = {"net_input": {"src_tokens": src, "src_lengths": lengths}}
-    args = dict(beam_size=5, max_len_b=12)
+    args = dict(beam_size=5, max_len_b=max_len)
     model.decoder.use_cuda_graphs("off")
-    eager = search(model, d, args, sample)
+    return model, d, args, sample, search(model, d, args, sample)
+
+
+def test_a_search_whose_graph_disagrees_continues_eagerly_with_the_eager_hypotheses(monkeypatch, caplog):
+    model, d, args, sample, eager = an_eager_search(span=6, max_len=12)
     replays_then(monkeypatch, lambda graph, n: graph.outputs[0].add_(1))
     model.decoder.use_cuda_graphs("emulate")
     with caplog.at_level(logging.WARNING):
@@ -386,13 +392,7 @@ def test_the_byte_bound_counts_what_each_graph_holds_and_evicts_to_stay_under_it
 def test_a_search_reads_nothing_an_earlier_search_left_in_the_static_memory(span):
     """Masked slots get weight 0, and 0 times NaN is NaN: a ring poisoned
     with NaN (an earlier search's fp16 overflow, say) must change nothing."""
-    model, d = tiny_translation_model("--memory-span", str(span), layers=3)
-    model.eval()
-    src, lengths, _ = batch(d, rows=9, src_len=6)
-    sample = {"net_input": {"src_tokens": src, "src_lengths": lengths}}
-    args = dict(beam_size=5, max_len_b=24)
-    model.decoder.use_cuda_graphs("off")
-    eager = search(model, d, args, sample)
+    model, d, args, sample, eager = an_eager_search(span, max_len=24)
     model.decoder.use_cuda_graphs("emulate")
     search(model, d, args, sample)
     for memory in model.decoder.graphed.decoding.memories.values():

@@ -200,3 +200,29 @@ def test_decoding_without_gradients_records_nothing_for_a_backward(monkeypatch):
         model(torch.randint(d.nspecial, len(d), (2, 5)))
     (loop,) = made
     assert not loop.kv_proj.inputs.kept and not loop.layers[1].attention.queries
+
+
+@pytest.mark.parametrize("flags", [[], ["--persistent-vectors", "2"]], ids=["fused", "not covered"])
+def test_a_graphed_search_step_runs_the_fused_layers_where_they_cover_the_options(flags, monkeypatch):
+    """Graphed decoding's step (FeedbackDecoder.decoding_step; an eager
+    search runs the fused block) runs fused_loop.step, and feedback_step
+    where the fused layers do not cover an option."""
+    model, d = tiny_translation_model(*flags)
+    model.eval()
+    model.decoder.use_cuda_graphs("emulate")
+    src, src_lengths, prev = batch(d)
+    calls = {"fused": 0, "through autograd": 0}
+
+    def counted(kind, function):
+        return lambda *args: calls.__setitem__(kind, calls[kind] + 1) or function(*args)
+
+    monkeypatch.setattr(fused_loop, "step", counted("fused", fused_loop.step))
+    model.decoder.__dict__["feedback_step"] = counted("through autograd", model.decoder.feedback_step)
+    state = {}
+    encoder_out = model.encoder(src, src_lengths=src_lengths)
+    with torch.no_grad():
+        for t in range(prev.size(1)):
+            model.decoder(prev[:, : t + 1], encoder_out=encoder_out, incremental_state=state)
+    used, unused = ("through autograd", "fused") if flags else ("fused", "through autograd")
+    assert calls[used] >= prev.size(1) and calls[unused] == 0
+    assert model.decoder.graphed.cache.failed is None

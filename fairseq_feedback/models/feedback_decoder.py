@@ -158,8 +158,12 @@ class FeedbackDecoder(MemoryDecoder):
         positions = None if self.key_positions is None else slots.positions(self.key_positions)[0]
         biases = [slots.bias(None if layer is None else layer.self_attn.span_mask, x) for layer in layers]
         views = self.memory_views(window, positions, biases, self.persistent_vectors(layers))
-        h, m = self.feedback_step(x, views, layers, self.per_layer(encoder_kv, len(layers)), encoder_bias,
-                                  self.memory.mixing_weights())
+        encoder_kv, weights = self.per_layer(encoder_kv, len(layers)), self.memory.mixing_weights()
+        if torch.is_grad_enabled() or self.training or fused_loop.unsupported(layers, False, x.device.type):
+            h, m = self.feedback_step(x, views, layers, encoder_kv, encoder_bias, weights)
+        else:  # a search's step: the fused block's layers, with no dropout and nothing kept for a backward
+            h, states = fused_loop.step(x, views, layers, encoder_kv, encoder_bias)
+            m = self.memory(states, weights)
         return h, self.memory.project(m.unsqueeze(0))
 
     def memory_views(self, window: Tuple[Tensor, ...], positions: Optional[Tensor], biases: List[Optional[Tensor]],
@@ -181,10 +185,6 @@ class FeedbackDecoder(MemoryDecoder):
         """One step t through every layer, each reading its view of the
         memory: x_t^{l+1} = Layer_l(x_t^l, memory). Returns the top layer's
         output and the step's memory vector m_t (eq. 1)."""
-        if not torch.is_grad_enabled() and not self.training and fused_loop.unsupported(
-                layers, False, h.device.type) is None:
-            h, states = fused_loop.step(h, views, layers, encoder_kv, encoder_bias)
-            return h, self.memory(states, weights)
         states = [h]
         for layer, view, kv in zip(layers, views, encoder_kv):
             if layer is not None:
