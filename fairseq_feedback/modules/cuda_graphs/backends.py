@@ -98,9 +98,9 @@ class CudaGraphBackend(GraphBackend):
     whose __exit__ leaves the capture stream current when capture_end raises."""
 
     def __init__(self, device: torch.device):  # CUDA only
-        super().__init__(device)
+        super().__init__(torch.device("cuda", torch.cuda._get_device_index(device, optional=True)))
         self.pool = torch.cuda.graph_pool_handle()
-        self.stream = torch.cuda.Stream(device)  # captures may not run on the default stream
+        self.stream = torch.cuda.Stream(self.device)  # captures may not run on the default stream
 
     def unsupported(self) -> Optional[str]:  # CUDA only
         if not hasattr(self.generator, "graphsafe_set_state"):
@@ -127,9 +127,7 @@ class CudaGraphBackend(GraphBackend):
         # every random operator raises "Offset increment outside graph capture".
         # Graphs captured before drew from the old state: the cache gives them up.
         with contextlib.suppress(RuntimeError):  # a torch whose capture_end did it itself
-            end_allocating = getattr(torch._C, "_cuda_endAllocateToPool", None) or getattr(
-                torch._C, "_cuda_endAllocateCurrentStreamToPool")
-            end_allocating(self.device.index, self.pool)
+            torch._C._cuda_endAllocateToPool(self.device.index, self.pool)
         self.generator.graphsafe_set_state(self.generator.clone_state())
 
     def release(self, graph: torch.cuda.CUDAGraph) -> None:  # CUDA only
