@@ -31,14 +31,12 @@ from .statistics import CacheStatistics
 
 logger = logging.getLogger(__name__)
 
-_CACHES: "weakref.WeakSet[GraphCache]" = weakref.WeakSet()
+_CACHES: "weakref.WeakSet[GraphCache]" = weakref.WeakSet()  # every cache, for a device's failed capture
 
 
-def log_statistics_of_every_cache() -> None:
-    """Each live cache's statistics line: for a program's end (fairseq-train's
-    last validation is followed by no other call)."""
-    for cache in list(_CACHES):
-        cache.log_statistics()
+def _log_last_line(statistics: CacheStatistics) -> None:
+    if statistics.calls:
+        logger.info(statistics.line())
 
 
 class GraphCache:
@@ -56,6 +54,9 @@ class GraphCache:
         self.captured = 0
         self.failed: Optional[str] = None  # why every call now runs eagerly
         _CACHES.add(self)
+        # the last line when the cache goes, or at the program's end (fairseq-train's
+        # last validation is followed by no call that could log it)
+        weakref.finalize(self, _log_last_line, self.statistics)
         unsupported = backend.unsupported()
         if unsupported:
             self.fail("", GraphFailure(unsupported))
