@@ -39,7 +39,6 @@ everywhere, since fairseq's data classes fail without it in any program:
   974, 2831): the mistakes a user can fix print one line (errors.py).
 """
 
-import atexit
 import functools
 import logging
 import os
@@ -57,7 +56,6 @@ from fairseq.logging import progress_bar
 from .checkpoints import AtomicCopyPathManager, check_complete, resume_from_a_complete_checkpoint
 from .command_line import check_generate, check_not_empty, check_tool
 from .errors import one_line
-from .modules.cuda_graphs import log_statistics_of_every_cache
 from .safe_checkpoints import allow_fairseq_checkpoints
 
 
@@ -78,8 +76,6 @@ def apply_on_import() -> None:
     give_fairseq_numpy_1_names()
     if in_a_fairseq_tool():
         apply()
-        # the CUDA graphs' last statistics line: fairseq-train's last validation is followed by no call
-        atexit.register(log_statistics_of_every_cache)
 
 
 def apply() -> None:

@@ -9,10 +9,12 @@ earlier one left in the static memory; a forward awaiting its backward is
 never overwritten; the byte bound counts what graphs hold; and a real
 corpus's batches fit the cache in a few shapes."""
 
+import gc
 import json
 import logging
 from copy import deepcopy
 import re
+import weakref
 from pathlib import Path
 
 import pytest
@@ -23,11 +25,10 @@ from torch import nn
 
 from fairseq_feedback.models.graphed_loop import GraphedFeedbackLoop
 from fairseq_feedback.modules import block_weight_gradients, fused_loop
-from fairseq_feedback.modules.cuda_graphs import (GraphCache, GraphedFunction, RecordedGraphBackend,
-                                                  log_statistics_of_every_cache)
+from fairseq_feedback.modules.cuda_graphs import GraphCache, GraphedFunction, RecordedGraphBackend
 from fairseq_feedback.modules.cuda_graphs.backends import SharedPool
-from fairseq_feedback.modules.cuda_graphs.graphed_function import (AFTER_ANOTHER_GRAPH, FIRST_REPLAY, MAX_UNJUDGED,
-                                                                   NEW_INPUTS)
+from fairseq_feedback.modules.cuda_graphs.graphed_function import (AFTER_ANOTHER_GRAPH, FIRST_REPLAY, FULLY_CHECKED,
+                                                                   MAX_UNJUDGED, NEW_INPUTS)
 
 BATCHES = Path(__file__).parent / "data" / "debian_de_en_batches.json"
 STATISTICS = re.compile(r"graph cache \| keys (\d+) \| calls (\d+) \| hits (\d+) \| hit rate ([\d.]+)%")
@@ -85,6 +86,20 @@ def fail_at(monkeypatch, cls, method, when):
     monkeypatch.setattr(cls, method, failing)
 
 
+def fail_inside_capture(monkeypatch, nth: int):
+    """The stand-in's `nth` capture (1: the first graph's forward, 2: its
+    backward) records a function that fails, as a host sync would on a GPU."""
+    capture, count = RecordedGraphBackend._capture, iter(range(1, 10**6))
+
+    def failing():
+        raise RuntimeError("CUDA out of memory (injected)")
+
+    def capture_or_fail(self, fn, owner):
+        return capture(self, failing if next(count) == nth else fn, owner)
+
+    monkeypatch.setattr(RecordedGraphBackend, "_capture", capture_or_fail)
+
+
 # --- the stand-in fails where a GPU would ---------------------------------------------------------
 
 class Owner:
@@ -105,12 +120,60 @@ def test_graphs_that_share_a_pool_overwrite_each_others_outputs_as_they_replay()
 def test_what_a_graph_hands_out_outlives_other_graphs_replays():
     cache = stand_in_cache()
     double, shift = (lambda x: (2 * x,)), (lambda x: (x + 100,))
-    (a,) = cache("double", double, [torch.ones(3)])
-    (b,) = cache("shift", shift, [torch.ones(3)])
-    (a2,) = cache("double", double, [torch.full((3,), 5.0)])
-    (b2,) = cache("shift", shift, [torch.full((3,), 5.0)])
-    assert [t.tolist() for t in (a, b, a2, b2)] == [[2.0] * 3, [101.0] * 3, [10.0] * 3, [105.0] * 3]
-    assert cache.failed is None
+    results = [cache(name, fn, [torch.full((3,), value)]) for value in (1.0, 5.0, 7.0)
+               for name, fn in (("double", double), ("shift", shift))]
+    assert [r[0].tolist() for r in results] == [[v] * 3 for v in (2.0, 101.0, 10.0, 105.0, 14.0, 107.0)]
+    assert cache.captured == 2 and cache.failed is None
+
+
+def test_a_shape_is_captured_at_its_second_sighting():
+    """A shape seen once does not repay a capture; its first call, eager, is
+    the warm-up that capture needs."""
+    cache = stand_in_cache()
+    for n in range(1, 4):
+        cache("once", lambda x: (x + 1,), [torch.zeros(1)]) if n == 1 else None
+        assert cache("twice", lambda x: (x + n,), [torch.zeros(1)])[0].item() == n
+        assert cache.captured == (0 if n == 1 else 1)
+    assert list(cache.graphs) == ["twice"]
+
+
+# --- what a graph holds, and when it goes -----------------------------------------------------------
+
+def recorded_graphs(cache):
+    return [graph for graphed in cache.graphs.values() for graph in (graphed.forward_graph, graphed.backward_graph)
+            if graph is not None]
+
+
+def test_a_dropped_model_frees_its_graphs_at_once_not_at_the_collectors_next_run():
+    """Graphs have one owner, their cache, and nothing of theirs points back:
+    a dropped model's graphs go with it, whatever the collector does (left to
+    it, they were freed inside a later capture on the GPU, which invalidated it)."""
+    model, d = tiny_translation_model("--memory-span", "4", "--dropout", "0", layers=2)
+    model.decoder.use_cuda_graphs("emulate")
+    training_results(model, translation_batches(d))
+    model.eval()
+    src, lengths, _ = batch(d, rows=3, src_len=5)
+    search(model, d, dict(beam_size=2, max_len_b=8), {"net_input": {"src_tokens": src, "src_lengths": lengths}})
+    cache = model.decoder.graphed.cache
+    assert any(key[0] == "decode" for key in cache.graphs) and len(cache.graphs) >= 2
+    graphs = [weakref.ref(graph) for graph in recorded_graphs(cache)]
+    collector = gc.isenabled()
+    gc.disable()
+    try:
+        del model, cache
+        assert [graph() for graph in graphs] == [None] * len(graphs)
+    finally:
+        if collector:
+            gc.enable()
+
+
+def test_an_evicted_graph_is_released_there_and_then():
+    cache = stand_in_cache(max_graphs=1)
+    for key in "AABB":
+        cache(key, lambda x: (x,), [torch.zeros(1)])
+    (graphed,) = cache.graphs.values()
+    assert graphed.shape == "B" and cache.captured == 2
+    assert all(graph.fn is not None for graph in recorded_graphs(cache))
 
 
 # --- the first backward through a new graph ---------------------------------------------------------
@@ -168,38 +231,43 @@ def test_in_a_graph_only_the_loop_through_autograd_takes_per_block_linear_layers
 # --- any failure gives way to the eager loop ----------------------------------------------------------
 
 FAILURES = {
-    "warm-up forward": lambda m: fail_at(m, GraphedFunction, "_forward", lambda n, a, k: n == 1),
-    "warm-up backward": lambda m: fail_at(m, GraphedFunction, "_backward", lambda n, a, k: n == 1),
-    "capture": lambda m: fail_at(m, RecordedGraphBackend, "capture", lambda n, a, k: True),
+    "capture": lambda m: fail_inside_capture(m, 1),
+    "backward capture": lambda m: fail_inside_capture(m, 2),
     "first replay": lambda m: fail_at(m, RecordedGraphBackend, "replay", lambda n, a, k: n == 1),
     "backward replay": lambda m: fail_at(m, RecordedGraphBackend, "replay", lambda n, a, k: n == 2),
-    "check's eager backward": lambda m: fail_at(m, GraphedFunction, "_backward", lambda n, a, k: len(a) > 1),
-    "later replay": lambda m: fail_at(m, RecordedGraphBackend, "replay", lambda n, a, k: n == 5),  # the 3rd call
+    "check's eager forward": lambda m: fail_at(m, GraphedFunction, "_forward", lambda n, a, k: n == 1),
+    "check's eager backward": lambda m: fail_at(m, GraphedFunction, "_backward", lambda n, a, k: n == 1),
+    "later replay": lambda m: fail_at(m, RecordedGraphBackend, "replay", lambda n, a, k: n == 5),  # the 4th call
     "outputs differ": lambda m: replays_then(m, lambda graph, n: n == 1 and graph.outputs[0].add_(1)),
     "gradients differ": lambda m: replays_then(m, lambda graph, n: n == 2 and [g.mul_(2) for g in graph.outputs
                                                                               if g is not None]),
+    "gradients not finite": lambda m: replays_then(m, lambda graph, n: n == 2 and [
+        g.fill_(float("nan")) for g in graph.outputs if g is not None]),
 }
 WARNINGS = {
-    "warm-up forward": r"warm-up forward failed \(RuntimeError: CUDA out of memory \(injected\)\)",
-    "warm-up backward": r"warm-up backward failed \(RuntimeError: CUDA out of memory",
-    "capture": r"capture failed \(RuntimeError: CUDA out of memory",
+    "capture": r": capture failed \(RuntimeError: CUDA out of memory \(injected\)\)",
+    "backward capture": r": capture failed \(RuntimeError: CUDA out of memory \(injected\)\)",
     "first replay": r": replay failed \(RuntimeError: CUDA out of memory",
     "backward replay": r"backward replay failed \(RuntimeError: CUDA out of memory",
+    "check's eager forward": r"the check's eager forward failed \(RuntimeError: CUDA out of memory",
     "check's eager backward": r"the check's eager backward failed \(RuntimeError",
     "later replay": r": replay failed \(RuntimeError: CUDA out of memory",
     "outputs differ": r"its outputs differ from eager by [\d.]+ \(at most 0.0001\)",
     "gradients differ": r"its gradients differ from eager by 1 \(at most 0.0001\)",
+    "gradients not finite": r"its gradients are not finite where eager's are",
 }
 
 
 @pytest.mark.parametrize("failure", FAILURES)
 def test_a_graph_that_fails_at_any_stage_gives_the_eager_numbers_with_one_warning(failure, monkeypatch, caplog):
-    """A fault injected at one stage of the first batch's graph (its third
-    call's replay, unchecked, for a later replay), or a replay that computes
-    something else: every batch's loss and gradients are --cuda-graphs off's,
-    one warning names the stage, and the batches after it run eagerly."""
+    """A fault injected at one stage of the first batch's graph (captured at
+    its shape's second sighting; for a later replay, its fourth call's,
+    unchecked), or a replay that computes something else: every batch's loss
+    and gradients are --cuda-graphs off's, one warning names the stage, the
+    batches after it run eagerly, and dropout still draws (a failed capture
+    leaves the generator as it was)."""
     model, d = tiny_translation_model("--memory-span", "4", "--dropout", "0", layers=3)
-    batches = translation_batches(d, shapes=((3, 5, 7),) * 3 + ((5, 9, 3),))
+    batches = translation_batches(d, shapes=((3, 5, 7),) * 4 + ((5, 9, 3),))
     model.decoder.use_cuda_graphs("off")
     eager = training_results(model, batches)
     FAILURES[failure](monkeypatch)
@@ -212,7 +280,9 @@ def test_a_graph_that_fails_at_any_stage_gives_the_eager_numbers_with_one_warnin
     assert "8 rows x 8 steps x 8 source positions" in warning and "running eagerly from now on" in warning
     assert re.search(WARNINGS[failure], warning), warning
     # the batches after the failure never reached the cache
-    assert model.decoder.graphed.cache.statistics.calls == (3 if failure == "later replay" else 1)
+    assert model.decoder.graphed.cache.statistics.calls == (4 if failure == "later replay" else 2)
+    assert model.decoder.graphed.cache.graphs == {}
+    torch.nn.functional.dropout(torch.ones(4), 0.5)
 
 
 def an_eager_search(span: int, max_len: int):
@@ -249,11 +319,34 @@ def test_a_graph_is_checked_at_its_first_replay_at_new_inputs_and_after_another_
 
     monkeypatch.setattr(GraphedFunction, "_judge", recorded)
     cache = stand_in_cache()
-    for name in "AAABAA":
+    for name in "AAABBAA":
         cache(name, lambda x: (x + 1,), [torch.randn(3)], shape=name)
     # A's first replay, its first of new inputs, B's first, and A's first after B's
     assert judged == ["A", "A", "B", "A"]
     assert all(not graphed.pending for graphed in cache.graphs.values() if graphed.shape == "A")
+    judged.clear()
+    # past the first few graphs, only a graph's first replay: what the other
+    # checks catch is the code's, which every graph shares
+    for name in [str(n) for n in range(FULLY_CHECKED)] * 3 + ["A"]:
+        cache(name, lambda x: (x + 1,), [torch.randn(3)], shape=name)
+    # A and B were the cache's first two graphs: graphs 3 and 4 (0 and 1) are
+    # checked again at new inputs, graphs 5 and 6 (2 and 3) at their first replay alone
+    assert FULLY_CHECKED == 4 and judged == ["0", "1", "2", "3", "0", "1"]
+
+
+def test_a_new_shape_costs_two_eager_passes_past_the_first_graphs():
+    """Its capture (forward and backward) and its first replay's check:
+    the warm-up is the shape's first sighting, eager anyway."""
+    weight = nn.Parameter(torch.ones(3))
+    cache = stand_in_cache()
+    for n in range(FULLY_CHECKED + 3):
+        for _ in range(4):
+            (out,) = cache(n, lambda x: (x * weight,), [torch.randn(2, 3)], [weight])
+            out.sum().backward()
+            cache("other", lambda x: (x + 1,), [torch.randn(2)])
+    passes = {key: graphed.eager_passes for key, graphed in cache.graphs.items() if key != "other"}
+    assert [passes[n] for n in range(FULLY_CHECKED, FULLY_CHECKED + 3)] == [2, 2, 2]
+    assert all(passes[n] <= 4 for n in range(FULLY_CHECKED))
 
 
 def test_a_graph_that_kept_a_tensor_from_outside_its_inputs_is_caught_at_its_next_call(caplog):
@@ -263,11 +356,11 @@ def test_a_graph_that_kept_a_tensor_from_outside_its_inputs_is_caught_at_its_nex
     cache = stand_in_cache()
     results = []
     with caplog.at_level(logging.WARNING):
-        for scale in (1.0, 3.0):
+        for scale in (1.0, 3.0, 5.0):  # eager, then captured with 3.0
             results.append(cache("scaled", lambda x, factor=torch.tensor(scale): (x * factor,), [torch.ones(2)])[0])
-    assert [r.tolist() for r in results] == [[1.0, 1.0], [3.0, 3.0]]
+    assert [r.tolist() for r in results] == [[1.0, 1.0], [3.0, 3.0], [5.0, 5.0]]
     (warning,) = warnings_of(caplog)
-    assert "its outputs differ from eager by 0.667" in warning
+    assert "its outputs differ from eager by 0.4" in warning
 
 
 def linear_graph(cache, weight, x):
@@ -277,32 +370,40 @@ def linear_graph(cache, weight, x):
     return out
 
 
-def test_a_step_that_is_not_finite_is_not_judged_and_the_next_one_is(monkeypatch):
-    """Under fp16, the loss scaler's overflow steps give inf: in one result
-    inf and in the other a large finite value is no mismatch, but no
-    agreement either. Such a step is not judged; the next is."""
-    weight, x = nn.Parameter(torch.ones(3)), torch.ones(2, 3)
-    cache, overflowing = stand_in_cache(), [True]
-
-    def overflow(graph, n):  # the linear graph's backward replay gives inf
-        if overflowing[0] and any(graph is g.backward_graph for g in cache.graphs.values() if g.training):
-            graph.outputs[0].fill_(float("inf"))
-
-    replays_then(monkeypatch, overflow)
-    linear_graph(cache, weight, x)
+def test_a_step_that_eager_finds_not_finite_is_not_judged_and_the_next_one_is():
+    """Under fp16, the loss scaler's overflow steps give inf: inf in both
+    results is no mismatch, but no agreement either. Such a step is not
+    judged; the next is. A graph whose every check is such a step is given up."""
+    weight = nn.Parameter(torch.ones(3))
+    finite, overflowing = torch.ones(2, 3), torch.full((2, 3), float("inf"))
+    cache = stand_in_cache()
+    linear_graph(cache, weight, finite)  # its first sighting: eager
+    linear_graph(cache, weight, overflowing)
     (graphed,) = cache.graphs.values()
     assert cache.failed is None and graphed.pending == {FIRST_REPLAY, NEW_INPUTS, AFTER_ANOTHER_GRAPH}
-    overflowing[0] = False
-    linear_graph(cache, weight, 2 * x)
+    linear_graph(cache, weight, 2 * finite)
     assert cache.failed is None and graphed.pending == {AFTER_ANOTHER_GRAPH}
 
-    overflowing[0] = True  # a graph that is never finite is given up
+    cache("other", lambda x: (x,), [finite])  # its first sighting: eager
     for _ in range(MAX_UNJUDGED):
-        cache("other", lambda x: (x,), [x])  # another graph's replay: the check is due
+        cache("other", lambda x: (x,), [finite])  # another graph's replay: the check is due
         weight.grad = None
-        linear_graph(cache, weight, x)
-    assert cache.failed == f"its gradients were not finite at {MAX_UNJUDGED} checks in a row"
-    torch.testing.assert_close(weight.grad, x.sum(0))  # the failing call's gradients came from eager
+        linear_graph(cache, weight, overflowing)
+    assert cache.failed == f"its outputs were not finite at {MAX_UNJUDGED} checks in a row"
+
+
+def test_a_graph_whose_result_alone_is_not_finite_fails_and_the_call_gets_eagers(monkeypatch):
+    """A NaN of the graph's own is a defect, never an overflow: handed to
+    fairseq, it would skip the update and halve the loss scale."""
+    weight, x = nn.Parameter(torch.ones(3)), torch.ones(2, 3)
+    cache = stand_in_cache()
+    replays_then(monkeypatch, lambda graph, n: n == 2 and graph.outputs[0].fill_(float("nan")))
+    linear_graph(cache, weight, x)
+    weight.grad = None
+    linear_graph(cache, weight, x)  # captured; its backward replay gives NaN
+    torch.testing.assert_close(weight.grad, x.sum(0))
+    cache("next", lambda x: (x,), [x])  # the cache learns it at its next call, and gives up
+    assert cache.failed == "its gradients are not finite where eager's are" and not cache.graphs
 
 
 # --- backward: once, and never over overwritten memory ------------------------------------------------
@@ -314,7 +415,7 @@ def test_a_second_backward_over_the_same_outputs_equals_eager(between):
     weight, x = nn.Parameter(torch.arange(3.0)), torch.ones(2, 3)
     cache = stand_in_cache()
     other = nn.Parameter(torch.ones(3))
-    for _ in range(3):  # the first calls' graphs are checked, the third's not
+    for _ in range(5):  # eager, then the graph: checked at its first calls, not later
         weight.grad = None
         (out,) = cache("linear", lambda x: (x * weight,), [x], [weight])
         out.pow(2).sum().backward(retain_graph=True)
@@ -328,6 +429,7 @@ def test_a_second_backward_over_the_same_outputs_equals_eager(between):
 def test_a_second_backward_after_the_graph_ran_on_other_inputs_is_refused():
     weight, x = nn.Parameter(torch.ones(3)), torch.ones(2, 3)
     cache = stand_in_cache()
+    linear_graph(cache, weight, x)  # its first sighting: eager
     (out,) = cache("linear", lambda x: (x * weight,), [x], [weight])
     out.sum().backward(retain_graph=True)
     linear_graph(cache, weight, 2 * x)
@@ -354,12 +456,13 @@ def test_a_second_forward_before_the_first_backward_runs_eagerly():
     eager = twice()
     model.decoder.use_cuda_graphs("emulate")
     # first a forward whose backward never comes (its loss dropped, as fairseq
-    # does after running out of memory): it holds nothing back
+    # does after running out of memory): it holds nothing back (the first, eager, captures nothing)
     model.train()
+    model(src, lengths, prev)
     model(src, lengths, prev)
     assert_same_loss_and_gradients(twice(), eager)
     cache = model.decoder.graphed.cache
-    assert cache.statistics.calls == 2 and cache.failed is None
+    assert cache.statistics.calls == 3 and cache.captured == 1 and cache.failed is None
 
 
 # --- memory ---------------------------------------------------------------------------------------------
@@ -375,12 +478,13 @@ def test_the_byte_bound_counts_what_each_graph_holds_and_evicts_to_stay_under_it
     model.decoder.use_cuda_graphs("off")
     eager = training_results(model, batches)
     model.decoder.graphed = GraphedFeedbackLoop("emulate")
-    training_results(model, batches[:1])
+    training_results(model, batches[:1] * 2)
     (first,) = model.decoder.graphed.cache.graphs.values()
     held = sum(t.numel() * t.element_size() for t in (*first.outputs, *first.grads) if t is not None)
     assert first.nbytes > held
     model.decoder.graphed = GraphedFeedbackLoop("emulate", max_bytes=int(1.5 * first.nbytes))
-    for got, expected in zip(training_results(model, batches), eager):
+    twice = [b for b in batches for _ in range(2)]
+    for got, expected in zip(training_results(model, twice), [e for e in eager for _ in range(2)]):
         assert_same_loss_and_gradients(got, expected)
     cache = model.decoder.graphed.cache
     assert cache.captured == 4 and len(cache.graphs) < 4 and cache.nbytes() <= cache.max_bytes
@@ -410,25 +514,26 @@ def test_shapes_that_vary_too_much_for_graphs_to_pay_run_eagerly_with_one_warnin
     assert len(warnings_of(caplog)) == 1 and cache.statistics.calls == 256
 
 
-def test_the_statistics_of_every_cache_are_logged_at_a_programs_end(caplog):
+def test_a_caches_last_statistics_line_is_logged_when_it_goes(caplog):
     """fairseq-train's last validation is followed by no call that could log
-    its line: the plugin logs every cache's as a fairseq tool exits."""
+    its line: a cache logs it when it goes (dropped with its model, or at the
+    program's end, which the fairseq-train test below shows)."""
     caches = [stand_in_cache(), stand_in_cache()]
-    for cache, calls in zip(caches, (1, 3)):
+    for cache, calls in zip(caches, (1, 4)):
         for _ in range(calls):
             cache("key", lambda x: (x,), [torch.zeros(1)])
     with caplog.at_level(logging.INFO):
-        log_statistics_of_every_cache()
+        del cache, caches
     lines = {r.getMessage() for r in caplog.records}
     assert {"graph cache | keys 1 | calls 1 | hits 0 | hit rate 0.0%",
-            "graph cache | keys 1 | calls 3 | hits 2 | hit rate 66.7%"} <= lines
+            "graph cache | keys 1 | calls 4 | hits 2 | hit rate 50.0%"} <= lines
 
 
 def test_a_copy_of_the_model_captures_graphs_of_its_own():
     """--ema and the like copy the model: the copy's graphs would otherwise replay over the original's buffers."""
     model, d = tiny_translation_model("--memory-span", "4", "--dropout", "0", layers=1)
     model.decoder.graphed = GraphedFeedbackLoop("emulate", max_graphs=3)
-    training_results(model, translation_batches(d)[:1])
+    training_results(model, translation_batches(d)[:2])
     copy = deepcopy(model)
     assert copy.decoder.graphed.cache is None and copy.decoder.graphed.cache_options == {"max_graphs": 3}
     assert model.decoder.graphed.cache.captured == 1
@@ -439,8 +544,10 @@ def test_a_copy_of_the_model_captures_graphs_of_its_own():
 def test_an_epoch_of_a_real_corpus_fits_the_cache_and_the_next_epoch_finds_its_graphs():
     """Debian de-en's batches as fairseq makes them with --max-tokens 4096
     (rows, source and target lengths, recorded in tests/data): one epoch and
-    its validation need at most the cache's graphs, and the second epoch
-    finds at least 95% of its blocks' graphs cached."""
+    its validation need at most the cache's graphs; the second epoch finds
+    at least 90% of its blocks' graphs cached (the shapes seen once in the
+    first are captured at their second sighting, in the second), and the
+    third every one."""
     recorded = json.loads(BATCHES.read_text())
     cache = stand_in_cache()
 
@@ -454,7 +561,9 @@ def test_an_epoch_of_a_real_corpus_fits_the_cache_and_the_next_epoch_finds_its_g
     keys, calls, _ = epoch(recorded["train"][0])
     assert calls == 304 + 12 and keys <= cache.max_graphs
     keys, calls, hits = epoch(recorded["train"][1])
-    assert keys <= cache.max_graphs and hits >= 0.95 * calls and cache.failed is None
+    assert keys <= cache.max_graphs and hits >= 0.9 * calls and cache.failed is None
+    keys, calls, hits = epoch(recorded["train"][0])
+    assert keys <= cache.max_graphs and hits == calls and cache.failed is None
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ from helpers import (DEPTHS, assert_same_hypotheses, assert_same_loss_and_gradie
                      make_dictionary, search, tiny_lm, tiny_translation_model)
 
 from fairseq_feedback.errors import FeedbackUsageError
+from fairseq_feedback.models.graphed_decoding import CACHED_DECODING_BUFFERS
 from fairseq_feedback.models.graphed_loop import GraphedFeedbackLoop
 from fairseq_feedback.modules.cuda_graphs import bucket
 
@@ -144,9 +145,10 @@ SPANS = {"span shorter than the output (the ring wraps)": 3, "span longer (the m
 @pytest.mark.parametrize("span", SPANS.values(), ids=SPANS.keys())
 @pytest.mark.parametrize("flags", DECODING.values(), ids=DECODING.keys())
 def test_beam_search_over_the_static_memory_equals_the_eager_search(flags, span, depth):
-    """9 sentences, beam 5, up to 24 tokens: the rows start in a bucket of
-    16 sentences and move to one of 8 once a sentence finishes; the memory
-    grows past its first 16 slots, or wraps around a ring of span + 1."""
+    """9 sentences, beam 5, up to 24 tokens: the rows are a bucket of 16
+    sentences for the whole search, finished sentences' rows staying as
+    padding; the memory, of twice the padded source (16 slots), grows past
+    them, or wraps around a ring of span + 1."""
     model, d = tiny_translation_model("--memory-span", str(span), *flags, layers=depth)
     for layer in model.decoder.layers:
         if layer.self_attn.span_mask is not None:
@@ -169,11 +171,34 @@ def test_beam_search_over_the_static_memory_equals_the_eager_search(flags, span,
     assert_same_hypotheses(graphed, eager)
     memories = model.decoder.graphed.decoding.memories
     assert {capacity for _, capacity, _ in memories} == ({16, 32} if span > 16 else {span + 1})
-    assert {rows for rows, _, _ in memories} == {80, 40}, "the rows never moved to a smaller bucket"
+    assert {rows for rows, _, _ in memories} == {80}
     # a second search reuses the static memories (and so, on a GPU, the graphs)
     captured = model.decoder.graphed.cache.captured
     assert_same_hypotheses(search(model, d, args, sample), eager)
     assert model.decoder.graphed.cache.captured == captured
+
+
+def test_searches_of_many_shapes_keep_every_graph_still_cached_valid():
+    """More search shapes than decoding buffers are kept: a buffer goes only
+    once no cached graph was captured over it (a graph replays its buffers'
+    addresses), so the first shape's graph serves its next search as it is."""
+    model, d = tiny_translation_model("--memory-span", "8", layers=1)
+    model.eval()
+    model.decoder.use_cuda_graphs("emulate")
+    args = dict(beam_size=2, max_len_b=4)
+    shapes = [(sentences, src_len) for sentences in (1, 9, 17) for src_len in (5, 12, 20, 40)]
+    samples = {}
+    for sentences, src_len in shapes:
+        src, src_lengths, _ = batch(d, rows=sentences, src_len=src_len)
+        samples[sentences, src_len] = {"net_input": {"src_tokens": src, "src_lengths": src_lengths}}
+        search(model, d, args, samples[sentences, src_len])
+    cache, decoding = model.decoder.graphed.cache, model.decoder.graphed.decoding
+    assert len(decoding.encoders) > CACHED_DECODING_BUFFERS and cache.captured == len(cache.graphs)
+    captured = cache.captured
+    graphed = search(model, d, args, samples[shapes[0]])
+    assert cache.captured == captured and cache.failed is None
+    model.decoder.use_cuda_graphs("off")
+    assert_same_hypotheses(graphed, search(model, d, args, samples[shapes[0]]))
 
 
 @pytest.mark.parametrize("depth", DEPTHS.values(), ids=DEPTHS.keys())

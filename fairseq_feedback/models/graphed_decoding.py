@@ -2,16 +2,22 @@
 
 fairseq's incremental decoding feeds one token per call, at a position that
 grows, over rows that beam search reorders and drops. A captured graph
-replays fixed shapes, so the memory's keys and values live in a
-StaticMemory (a ring of fixed shape, masked by distance) per bucket of rows
-and capacity, kept from one search to the next so that graphs are reused;
-beam search reorders it in place, and moves to a smaller bucket as sentences
-finish. The encoder's keys and values are copied into buffers of the
-bucket's shape. The step is FeedbackDecoder.decoding_step, over every slot.
+replays fixed shapes, so a search keeps the shape it starts with: the
+memory's keys and values live in a StaticMemory (a ring of fixed shape,
+masked by distance) of the search's rows (sentences bucketed, times the
+beam) and a capacity guessed once from its source length (twice the padded
+source, at least 16 slots; grown by doubling, rarely, if the search runs
+longer), and the encoder's keys and values in buffers of its bucket of
+source positions. Beam search reorders the memory in place; the rows of
+finished sentences stay, zeroed, as padding. One graph per shape then serves
+every step of every search of that shape: a key is shapes, never a buffer's
+identity, and a buffer stays as long as a cached graph was captured over it.
+The step is FeedbackDecoder.decoding_step, over every slot.
 """
 
+import weakref
 from collections import OrderedDict
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -21,8 +27,8 @@ from ..errors import FeedbackUsageError
 from ..modules.cuda_graphs import GraphCache, autocast_dtype, bucket_wide
 from ..modules.static_memory import StaticMemory
 
-# Static memories and encoder buffers are kept for the last few buckets (a
-# beam of 128 sentences: tens of MB each).
+# Static memories and encoder buffers that no cached graph was captured over
+# are dropped once more than this many are kept (a beam of 128 sentences: tens of MB each).
 CACHED_DECODING_BUFFERS = 8
 NO_ENCODER = [None, None, None]  # a language model's "encoder buffers"
 
@@ -46,20 +52,21 @@ class GraphedDecoding:
         embed], one captured step each; returns the top layer's outputs."""
         state = decoder.get_incremental_state(incremental_state, "static_memory")
         if state is None:
-            state = self._start(decoder, x, span, decoder.hypotheses_per_sentence(incremental_state))
+            state = self._start(decoder, x, span, encoder_kv, decoder.hypotheses_per_sentence(incremental_state))
             decoder.set_incremental_state(incremental_state, "static_memory", state)
         rows, hypotheses = int(state["rows"]), int(state["hypotheses"])
         parameters = tuple(p.data_ptr() for p in decoder.parameters())  # moved or converted: the graphs are stale
         autocast = autocast_dtype(x.device.type)
+        decoder = weakref.proxy(decoder)  # a graph's function must not hold what holds its cache
         outputs = []
         for h in x.unbind(0):
-            memory = self._memory(state)
+            memory_key, memory = self._memory(state)
             if int(state["steps"]) + 1 >= memory.capacity < span + 1:  # grow before the ring would wrap
-                bigger = self._take(state, memory.rows, min(2 * memory.capacity, span + 1), like=memory.slots)
+                bigger_key, bigger = self._take(state, memory.rows, min(2 * memory.capacity, span + 1), like=memory.slots)
                 memory.copy_to(bigger, torch.arange(rows, device=h.device), int(state["steps"]))
-                memory = bigger
-            encoder = self._static_encoder(encoder_kv, encoder_bias, memory.rows // hypotheses)
-            key = ("decode", id(memory), id(encoder), span, tuple(layer is not None for layer in layers), autocast,
+                memory_key, memory = bigger_key, bigger
+            encoder_key, encoder = self._static_encoder(encoder_kv, encoder_bias, memory.rows // hypotheses)
+            key = ("decode", memory_key, encoder_key, span, tuple(layer is not None for layer in layers), autocast,
                    parameters)
             shape = (f"decoding {memory.rows} rows, {memory.capacity} memory slots"
                      + ("" if encoder[0] is None else f", {encoder[0].size(4)} source positions")
@@ -78,56 +85,57 @@ class GraphedDecoding:
             state["steps"] += 1
         return torch.stack(outputs)
 
-    def _start(self, decoder, x: Tensor, span: int, hypotheses: int):
-        """A new search: a static memory holding m_{-1}, in the bucket of its rows."""
+    def _start(self, decoder, x: Tensor, span: int, encoder_kv: Optional[Tensor], hypotheses: int):
+        """A new search: a static memory holding m_{-1}, of the search's rows
+        and of a capacity for twice its padded source (or its prefix)."""
         self.searches += 1
         steps, rows, _ = x.shape
         state = {"search": torch.tensor(self.searches), "rows": torch.tensor(rows), "steps": torch.tensor(0),
                  "hypotheses": torch.tensor(hypotheses)}
-        capacity = min(max(16, 2 ** steps.bit_length()), span + 1)
+        guess = 2 ** steps.bit_length() if encoder_kv is None else 2 * bucket_wide(encoder_kv.size(4))
+        capacity = min(max(16, guess), span + 1)
         initial = decoder.empty_memory(bucket_wide(rows // hypotheses) * hypotheses, like=x)
-        self._take(state, initial.size(2), capacity, like=initial).start(initial)
+        self._take(state, initial.size(2), capacity, like=initial)[1].start(initial)
         return state
 
-    def _take(self, state, rows: int, capacity: int, like: Tensor) -> StaticMemory:
-        """The static memory of this bucket, for the search `state` from now
-        on; `like`: keys and values of the memory's shape (static_memory.py)."""
+    def _take(self, state, rows: int, capacity: int, like: Tensor) -> Tuple[tuple, StaticMemory]:
+        """The static memory of this shape (and its key), for the search
+        `state` from now on; `like`: keys and values of the memory's shape
+        (static_memory.py)."""
         key = (rows, capacity, like.dtype)
         self.serving = (int(state["search"]), key)
-        return self._kept(self.memories, key, lambda: StaticMemory(capacity, rows, like))
+        return key, self._kept(self.memories, key, lambda: StaticMemory(capacity, rows, like))
 
-    def _memory(self, state) -> StaticMemory:
+    def _memory(self, state) -> Tuple[tuple, StaticMemory]:
         search, key = self.serving
         if search != int(state["search"]):
             raise FeedbackUsageError(
                 "two searches interleaved on one model decoding with CUDA graphs; finish one before starting "
                 "the next, or decode eagerly: --model-overrides \"{'cuda_graphs': 'off'}\"")
-        return self.memories[key]
+        return key, self.memories[key]
 
     def reorder(self, decoder, incremental_state, new_order: Tensor) -> None:
-        """Beam search's new order of the rows, in place, in the bucket of
-        the rows left (a smaller one once sentences have finished)."""
+        """Beam search's new order of the rows, in place: the rows of
+        finished sentences are cleared and stay, as padding."""
         state = decoder.get_incremental_state(incremental_state, "static_memory")
         if state is None:
             return
-        memory = self._memory(state)
-        hypotheses = int(state["hypotheses"])
-        rows = bucket_wide(len(new_order) // hypotheses) * hypotheses
-        target = memory if rows == memory.rows else self._take(state, rows, memory.capacity, like=memory.slots)
-        memory.copy_to(target, new_order, int(state["steps"]))
+        _, memory = self._memory(state)
+        memory.copy_to(memory, new_order, int(state["steps"]))
         state["rows"] = torch.tensor(len(new_order))
 
     def _static_encoder(self, encoder_kv, encoder_bias, sentences: int):
         """The encoder's keys/values and mask in buffers of the bucket's
-        shape, copied when the search's own change (a new search, finished
-        sentences): padded rows see zero keys, padded positions are masked."""
+        shape (and their key), copied when the search's own change (a new
+        search, finished sentences): padded rows see zero keys, padded
+        positions are masked."""
         if encoder_kv is None:
-            return NO_ENCODER
+            return None, NO_ENCODER
         layers, _, real, heads, src_len, head_dim = encoder_kv.shape
-        padded_len = bucket_wide(src_len)
-        static = self._kept(self.encoders, (sentences, padded_len, encoder_kv.dtype), lambda: [
-            encoder_kv.new_zeros(layers, 2, sentences, heads, padded_len, head_dim),
-            encoder_kv.new_zeros(sentences, 1, 1, padded_len), None])
+        key = (sentences, bucket_wide(src_len), encoder_kv.dtype)
+        static = self._kept(self.encoders, key, lambda: [
+            encoder_kv.new_zeros(layers, 2, sentences, heads, key[1], head_dim),
+            encoder_kv.new_zeros(sentences, 1, 1, key[1]), None])
         if static[2] is not encoder_kv:
             kv, bias = static[:2]
             kv.zero_()
@@ -137,15 +145,18 @@ class GraphedDecoding:
             if encoder_bias is not None:
                 bias[:real, ..., :src_len] = encoder_bias
             static[2] = encoder_kv
-        return static
+        return key, static
 
     def _kept(self, buffers: OrderedDict, key, make):
-        """buffers[key], made if missing; past CACHED_DECODING_BUFFERS the least
-        recently used goes, with the graphs that were captured over it."""
+        """buffers[key], made if missing. Past CACHED_DECODING_BUFFERS, the
+        buffers that no cached graph was captured over go (a graph replays
+        its buffers' addresses: theirs stay while it does)."""
         if key not in buffers:
             if len(buffers) >= CACHED_DECODING_BUFFERS:
-                _, dropped = buffers.popitem(last=False)
-                self.cache.forget(lambda graph_key: id(dropped) in graph_key)
+                used = {part for graph_key in self.cache.cached_keys() if graph_key[0] == "decode"
+                        for part in graph_key[1:3]}
+                for unused in [k for k in buffers if k not in used]:
+                    del buffers[unused]
             buffers[key] = make()
         buffers.move_to_end(key)
         return buffers[key]

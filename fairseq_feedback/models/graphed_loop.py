@@ -23,6 +23,7 @@ that runs the same path (modules/cuda_graphs/backends.py).
 
 import contextlib
 import logging
+import weakref
 from typing import List, Optional
 
 import torch
@@ -116,6 +117,8 @@ class GraphedFeedbackLoop:
                  + ("" if encoder_kv is None else f" x {padded_positions} source positions")
                  + f", span {span}, {x.dtype}{', autocast' if autocast else ''}"
                  + (", training" if grad else ", evaluation"))
+
+        decoder = weakref.proxy(decoder)  # a graph's function must not hold what holds its cache
 
         def loop(x, initial, encoder_kv, encoder_bias):
             buffer, window = decoder.start_memory(initial, len(x), span)

@@ -12,8 +12,8 @@ if anything fails.
 
 from .backends import CudaGraphBackend, RecordedGraphBackend
 from .buckets import bucket, bucket_wide
-from .graph_cache import GraphCache, log_statistics_of_every_cache
+from .graph_cache import GraphCache
 from .graphed_function import GraphedFunction, GraphFailure, autocast_dtype
 
 __all__ = ["CudaGraphBackend", "GraphCache", "GraphFailure", "GraphedFunction", "RecordedGraphBackend",
-           "autocast_dtype", "bucket", "bucket_wide", "log_statistics_of_every_cache"]
+           "autocast_dtype", "bucket", "bucket_wide"]

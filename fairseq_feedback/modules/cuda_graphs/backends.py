@@ -1,35 +1,52 @@
 """The CUDA primitives that graphs need, and a stand-in that runs them on any device.
 
-Everything about a graph (warm-up, capture, replay, the checks, the cache,
-falling back to eager) is one code path, whatever the device
-(graphed_function.py, graph_cache.py). What differs is only this: capturing
-and replaying a graph, the stream that warms up before capture, the random
-generator that dropout draws from, and the device's memory.
+Everything about a graph (capture, replay, the checks, the cache, falling
+back to eager) is one code path, whatever the device (graphed_function.py,
+graph_cache.py). What differs is only this: capturing, replaying and
+releasing a graph, putting the device right after a capture that failed,
+the random generator that dropout draws from, and the device's memory.
 
 `CudaGraphBackend` makes the CUDA calls themselves: the only lines that the
 CPU tests cannot run. `RecordedGraphBackend` (--cuda-graphs emulate, and the
-CPU tests) stands in for it so that what would go wrong on a GPU goes wrong
-here too:
+CPU tests) stands in for it, and keeps the rules a GPU keeps, so that what
+would go wrong on a GPU goes wrong here too:
 
 - capture records the function (and runs it once, as capture's kernels
-  would fill the pool);
-- replay runs it again into the same static output tensors, so that a result
-  read after a later replay shows as a wrong number;
+  would fill the pool); replay runs it again into the same static output
+  tensors, so that a result read after a later replay shows as a wrong
+  number;
 - every graph's outputs and gradients lie in one shared storage, each
   graph's laid out from its start, as graphs that share a memory pool may
   reuse each other's memory: what a graph leaves there is overwritten when
-  another replays.
+  another replays;
+- a graph freed while a capture is under way (by the cyclic garbage
+  collector, say) invalidates that capture, which then fails at its end,
+  as CUDA's does ("operation not permitted when stream is capturing"); the
+  collector, where it is enabled, runs in the middle of every capture, the
+  worst moment it could;
+- a failed capture leaves the device's random generator in capture mode,
+  as torch before 2.13 leaves CUDA's: every random operator raises until the
+  backend recovers it;
+- a recorded graph holds only its function and outputs (no reference back
+  to what owns it), as a CUDA graph holds only kernels and addresses.
+
+A failed capture is recovered in one place, `capture`, whichever backend:
+what the device needs (`_recover`) before anything else runs.
 """
 
 import contextlib
+import gc
 import os
+import warnings
 import weakref
 from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
+from torch.utils._python_dispatch import TorchDispatchMode, _len_torch_dispatch_stack, _pop_mode, _push_mode
 
 Outputs = Tuple[Optional[Tensor], ...]
+CapturedFunction = Callable[[], Sequence[Optional[Tensor]]]
 
 
 def default_generator(device: torch.device) -> torch.Generator:
@@ -45,54 +62,195 @@ def device_memory(device: torch.device) -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-class CudaGraphBackend:
-    """torch.cuda's graphs, all on one memory pool, warmed up on a side
-    stream. CUDA only: the CPU tests run RecordedGraphBackend in its place."""
+class GraphBackend:
+    """A device's graphs: capture, replay, release. A capture that fails
+    leaves the device as it was before it (`_recover`), then raises."""
 
     def __init__(self, device: torch.device):
         self.device, self.generator = device, default_generator(device)
+
+    def capture(self, fn: CapturedFunction, owner) -> Tuple[object, Outputs]:
+        """A graph of fn(), and fn's outputs as the graph's replays will write
+        them; `owner`'s graphs never overlap one another in the pool."""
+        try:
+            return self._capture(fn, owner)
+        except BaseException:
+            self._recover()
+            raise
+
+    def unsupported(self) -> Optional[str]:
+        """Why this device cannot capture safely in this process, or None."""
+        return None
+
+    def _capture(self, fn: CapturedFunction, owner) -> Tuple[object, Outputs]:
+        raise NotImplementedError
+
+    def _recover(self) -> None:
+        raise NotImplementedError
+
+
+class CudaGraphBackend(GraphBackend):
+    """torch.cuda's graphs, all on one memory pool, captured on a stream of
+    their own. CUDA only: the CPU tests run RecordedGraphBackend in its place.
+
+    Captured by hand rather than with torch.cuda.graph, whose __enter__
+    synchronizes and empties the allocator's cache at every capture, and
+    whose __exit__ leaves the capture stream current when capture_end raises."""
+
+    def __init__(self, device: torch.device):  # CUDA only
+        super().__init__(torch.device("cuda", torch.cuda._get_device_index(device, optional=True)))
         self.pool = torch.cuda.graph_pool_handle()
+        self.stream = torch.cuda.Stream(self.device)  # captures may not run on the default stream
 
-    @contextlib.contextmanager
-    def side_stream(self):
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            yield
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        torch.cuda.synchronize(self.device)
+    def unsupported(self) -> Optional[str]:  # CUDA only
+        if not hasattr(self.generator, "graphsafe_set_state"):
+            return (f"torch {torch.__version__} cannot give CUDA's random generator back after a failed capture "
+                    "(it has no Generator.graphsafe_set_state); CUDA graphs stay off in this process")
+        return None
 
-    def capture(self, fn: Callable[[], Sequence[Optional[Tensor]]], owner) -> Tuple[object, Outputs]:
+    def _capture(self, fn: CapturedFunction, owner) -> Tuple[torch.cuda.CUDAGraph, Outputs]:  # CUDA only
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
-            outputs = tuple(fn())
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self.stream):  # the current stream comes back however the capture ends
+            graph.capture_begin(pool=self.pool, capture_error_mode="thread_local")
+            try:
+                outputs = tuple(fn())
+            finally:
+                graph.capture_end()  # ends an invalidated capture too (and raises)
+        torch.cuda.current_stream(self.device).wait_stream(self.stream)
         return graph, outputs
 
-    def replay(self, graph) -> None:
+    def _recover(self) -> None:  # CUDA only
+        # The allocator stops routing the capture stream's allocations to the
+        # pool (capture_end raised before it could), and the generator gets a
+        # fresh state: before torch 2.13 the old one stays in capture mode, and
+        # every random operator raises "Offset increment outside graph capture".
+        # Graphs captured before drew from the old state: the cache gives them up.
+        with contextlib.suppress(RuntimeError):  # a torch whose capture_end did it itself
+            torch._C._cuda_endAllocateToPool(self.device.index, self.pool)
+        self.generator.graphsafe_set_state(self.generator.clone_state())
+
+    def release(self, graph: torch.cuda.CUDAGraph) -> None:  # CUDA only
+        graph.reset()
+
+    def release_pool(self) -> None:  # CUDA only
+        """Once every graph of the pool is released: what the pool still holds
+        goes back to the device (a failed capture's share of it too, which
+        torch does not release: PyTorch PRs 180395 and 190308)."""
+        with contextlib.suppress(RuntimeError):  # no failed capture held it
+            torch._C._cuda_releasePool(self.device.index, self.pool)
+        torch.cuda.empty_cache()
+        self.pool = torch.cuda.graph_pool_handle()
+
+    def replay(self, graph: torch.cuda.CUDAGraph) -> None:  # CUDA only
         graph.replay()
 
 
+# --- the stand-in ------------------------------------------------------------------------------------
+
+class _Capture:
+    """A capture under way; invalidated by what CUDA forbids during one."""
+
+    def __init__(self):
+        self.error: Optional[str] = None
+
+
+_capturing: List[_Capture] = []  # the capture under way in this process (stream capture is one at a time)
+
+
+def _forbidden_during_capture(operation: str) -> Optional[str]:
+    """Invalidates the capture under way, if any, as CUDA does; returns CUDA's error."""
+    if not _capturing:
+        return None
+    error = f"operation not permitted when stream is capturing ({operation})"
+    _capturing[-1].error = _capturing[-1].error or error
+    return error
+
+
 class RecordedGraph:
-    def __init__(self, fn: Callable[[], Sequence[Optional[Tensor]]], outputs: Outputs):
+    """A graph is its function, recorded, and the static outputs it writes."""
+
+    def __init__(self, fn: CapturedFunction, outputs: Outputs):
         self.fn, self.outputs = fn, outputs
 
+    def release(self) -> None:
+        """As CUDAGraph.reset: during a capture, a warning, and the capture is lost."""
+        if self.fn is not None:
+            error = _forbidden_during_capture("function reset")
+            if error:
+                warnings.warn(error, RuntimeWarning)
+        self.fn, self.outputs = None, ()
 
-class RecordedGraphBackend:
+    def __del__(self):  # a CUDA graph's destructor resets it
+        self.release()
+
+
+class _GeneratorInCaptureMode(TorchDispatchMode):
+    """A generator that a failed capture left in capture mode: every random operator raises."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if torch.Tag.nondeterministic_seeded in func.tags:
+            raise RuntimeError("Offset increment outside graph capture encountered unexpectedly.")
+        return func(*args, **(kwargs or {}))
+
+
+def _push_beneath(mode: TorchDispatchMode) -> None:
+    """`mode` at the bottom of the dispatch-mode stack: it outlives the modes
+    entered around the failed capture, which leave as they came."""
+    above = [_pop_mode() for _ in range(_len_torch_dispatch_stack())]
+    _push_mode(mode)
+    for m in reversed(above):
+        _push_mode(m)
+
+
+def _remove(mode: TorchDispatchMode) -> None:
+    stack = [_pop_mode() for _ in range(_len_torch_dispatch_stack())]
+    for m in reversed(stack):
+        if m is not mode:
+            _push_mode(m)
+
+
+class RecordedGraphBackend(GraphBackend):
     """A graph is its function, recorded; its outputs live in a storage
-    shared by every graph (SharedPool)."""
+    shared by every graph (SharedPool). Keeps a GPU's rules (module docstring)."""
 
     def __init__(self, device: torch.device):
-        self.device, self.generator = device, default_generator(device)
+        super().__init__(device)
         self.pool = SharedPool(device)
+        self.stuck: Optional[_GeneratorInCaptureMode] = None  # what a failed capture left on the generator
 
-    def side_stream(self):
-        return contextlib.nullcontext()
-
-    def capture(self, fn: Callable[[], Sequence[Optional[Tensor]]], owner) -> Tuple[RecordedGraph, Outputs]:
-        graph = RecordedGraph(fn, self.pool.place(owner, tuple(fn())))
+    def _capture(self, fn: CapturedFunction, owner) -> Tuple[RecordedGraph, Outputs]:
+        capture = _Capture()
+        _capturing.append(capture)
+        try:
+            outputs = tuple(fn())
+            if gc.isenabled():
+                gc.collect()  # the collector may run at any moment of a capture: here, at the worst one
+            if capture.error:
+                raise RuntimeError(f"operation failed due to a previous error during capture ({capture.error})")
+        except BaseException:
+            self.stuck = _GeneratorInCaptureMode()
+            _push_beneath(self.stuck)
+            raise
+        finally:
+            _capturing.remove(capture)
+        graph = RecordedGraph(fn, self.pool.place(owner, outputs))
         return graph, graph.outputs
 
+    def _recover(self) -> None:
+        if self.stuck is not None:
+            _remove(self.stuck)
+            self.stuck = None
+
+    def release(self, graph: RecordedGraph) -> None:
+        graph.release()
+
+    def release_pool(self) -> None:
+        self.pool = SharedPool(self.device)
+
     def replay(self, graph: RecordedGraph) -> None:
+        if graph.fn is None:
+            raise RuntimeError("replay of a released graph")
         for static, new in zip(graph.outputs, graph.fn()):
             if static is not None:
                 static.copy_(new)

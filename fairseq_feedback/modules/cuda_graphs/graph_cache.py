@@ -1,38 +1,42 @@
 """Graphed functions by shape, bounded in graphs and bytes, on one memory pool.
 
-What a graph holds is counted from its tensors (static inputs and output
-gradients, and what its capture leaves alive: static outputs, gradients,
-activations its autograd graph keeps), since the allocator's own figures
-say nothing while graphs are captured. Evicting a graph frees its tensors
-into the graphs' shared pool, where later captures reuse them; the device
-gets that memory back only when every graph of the pool is gone.
+A shape is captured at its second sighting: the first runs eagerly (a shape
+seen once would not repay its capture, and that first run is the warm-up
+capture needs). What a graph holds is counted from its tensors (static
+inputs and output gradients, and what its capture leaves alive: static
+outputs, gradients, activations its autograd graph keeps), since the
+allocator's own figures say nothing while graphs are captured. Evicting a
+graph releases it at once (never during a capture) into the graphs' shared
+pool, where later captures reuse its memory; the device gets that memory
+back when the cache gives up.
+
+The cache decides; its graphs only report. A graph whose capture fails
+raises; one that fails later gives its call the eager result and records
+why, and the cache gives up at its next call. A failed capture resets the
+device's random generator (backends.py), so every cache on that device,
+whose graphs drew from the old one, gives up with it.
 """
 
+import gc
 import logging
 import weakref
 from collections import OrderedDict
-from typing import Callable, Hashable, Optional, Sequence
+from typing import Hashable, List, Optional, Sequence
 
 from torch import Tensor
 
 from .backends import device_memory
-from .graphed_function import GraphedFunction, GraphFailure
+from .graphed_function import FULLY_CHECKED, GraphedFunction, GraphFailure, PoolLedger
 from .statistics import CacheStatistics
 
 logger = logging.getLogger(__name__)
 
-_CACHES: "weakref.WeakSet[GraphCache]" = weakref.WeakSet()
+_CACHES: "weakref.WeakSet[GraphCache]" = weakref.WeakSet()  # every cache, for a device's failed capture
 
 
-def log_statistics_of_every_cache() -> None:
-    """Each live cache's statistics line: for a program's end (fairseq-train's
-    last validation is followed by no other call)."""
-    for cache in list(_CACHES):
-        cache.log_statistics()
-
-
-class _PendingBackward:
-    """Held by a replay's autograd node: alive while its backward may come."""
+def _log_last_line(statistics: CacheStatistics) -> None:
+    if statistics.calls:
+        logger.info(statistics.line())
 
 
 class GraphCache:
@@ -44,75 +48,117 @@ class GraphCache:
         self.backend, self.name, self.max_graphs = backend, name, max_graphs
         self.max_bytes = max_bytes if max_bytes is not None else device_memory(backend.device) // 4
         self.graphs: "OrderedDict[Hashable, GraphedFunction]" = OrderedDict()
+        self.sighted: "OrderedDict[Hashable, None]" = OrderedDict()  # keys seen once, not captured yet
+        self.ledger = PoolLedger()
         self.statistics = CacheStatistics()
         self.captured = 0
-        self.replays = 0  # of every graph, forward and backward
-        self.pending: Optional[Callable] = None  # weak reference to the node of a forward awaiting its backward
         self.failed: Optional[str] = None  # why every call now runs eagerly
         _CACHES.add(self)
+        # the last line when the cache goes, or at the program's end (fairseq-train's
+        # last validation is followed by no call that could log it)
+        weakref.finalize(self, _log_last_line, self.statistics)
+        unsupported = backend.unsupported()
+        if unsupported:
+            self.fail("", GraphFailure(unsupported))
 
     def __call__(self, key: Hashable, fn, inputs: Sequence[Optional[Tensor]], params: Sequence[Tensor] = (),
                  state: Sequence[Tensor] = (), shape: str = ""):
-        """fn(*inputs), from the graph cached for `key` (captured now if
-        missing), or eagerly once the cache has failed or while another
-        forward awaits its backward. `shape`: the key in words, for the log."""
-        if self.failed is not None or self.awaiting_backward():
+        """fn(*inputs), from the graph cached for `key` (captured now at the
+        key's second sighting), or eagerly at its first, once the cache has
+        failed, or while another forward awaits its backward. `shape`: the
+        key in words, for the log."""
+        self._give_up_failed_graphs()
+        if self.failed is not None or self.ledger.awaiting_backward():
             return tuple(fn(*inputs))
         graphed = self.graphs.get(key)
         self.statistics.lookup(key, hit=graphed is not None)
-        if graphed is None:
-            try:
-                graphed = GraphedFunction(fn, inputs, params, self, state, shape or str(key))
-            except GraphFailure as failure:
-                self.fail(shape or str(key), failure)
-                return tuple(fn(*inputs))
-            self._insert(key, graphed)
-        self.graphs.move_to_end(key)
-        outputs = graphed(fn, *inputs)
+        if graphed is None and self._first_sighting(key):
+            outputs = tuple(fn(*inputs))
+        elif graphed is None:
+            graphed = self._capture(key, fn, inputs, params, state, shape or str(key))
+            outputs = tuple(fn(*inputs)) if graphed is None else graphed(fn, *inputs)
+        else:
+            self.graphs.move_to_end(key)
+            outputs = graphed(fn, *inputs)
+        self._give_up_failed_graphs()
         too_few_hits = self.statistics.too_few_hits()
         if too_few_hits:
             self.fail("", GraphFailure(too_few_hits))
         return outputs
 
-    def _insert(self, key, graphed: GraphedFunction) -> None:
+    def _first_sighting(self, key: Hashable) -> bool:
+        if key in self.sighted:
+            del self.sighted[key]
+            return False
+        self.sighted[key] = None
+        while len(self.sighted) > 4 * self.max_graphs:
+            self.sighted.popitem(last=False)
+        return True
+
+    def _capture(self, key, fn, inputs, params, state, shape: str) -> Optional[GraphedFunction]:
+        """A new graph for `key`, cached; None if its capture failed (the cache has given up)."""
+        if self.captured == 0:
+            gc.collect()  # what dropped models left to the collector goes before this cache takes memory
+        failure = None
+        try:
+            graphed = GraphedFunction(fn, inputs, params, self.backend, self.ledger, state, shape,
+                                      fully_checked=self.captured < FULLY_CHECKED)
+        except GraphFailure as e:
+            failure = e
+        if failure is not None:
+            self._device_reset(shape, failure)
+            return None
         self.graphs[key] = graphed
         self.captured += 1
         while len(self.graphs) > 1 and (len(self.graphs) > self.max_graphs or self.nbytes() > self.max_bytes):
-            self.graphs.popitem(last=False)
+            _, evicted = self.graphs.popitem(last=False)
+            evicted.release()
         logger.info(f"{self.name}: captured graph {self.captured} for {graphed.shape} "
                     f"({graphed.nbytes / 2**20:.1f} MB; {len(self.graphs)} cached, {self.nbytes() / 2**20:.1f} MB)")
+        return graphed
+
+    def cached_keys(self) -> List[Hashable]:
+        return list(self.graphs)
 
     def nbytes(self) -> int:
         return sum(g.nbytes for g in self.graphs.values())
 
-    def replayed(self, graphed: GraphedFunction) -> None:
-        self.replays += 1
-        graphed.replays_seen = self.replays
+    def eager_passes(self) -> int:
+        """Eager passes the cached graphs cost beyond their calls' own (captures and checks)."""
+        return sum(g.eager_passes for g in self.graphs.values())
+
+    def _give_up_failed_graphs(self) -> None:
+        """A graph that failed in a call (its forward, or its backward since) gives the cache up."""
+        failed = next((g for g in self.graphs.values() if g.failure is not None), None)
+        if failed is not None:
+            self.fail(failed.shape, failed.failure)
 
     def fail(self, shape: str, failure: GraphFailure) -> None:
-        """Every later call runs eagerly; said once."""
-        if self.failed is None:
-            self.failed = str(failure)
-            where = f" for {shape}" if shape else ""
-            logger.warning(f"{self.name}: CUDA graph{where}: {failure}; running eagerly from now on")
-            self.graphs.clear()
+        """Every later call runs eagerly, said once; the graphs are released now."""
+        if self.failed is not None:
+            return
+        self.failed = str(failure)
+        where = f" for {shape}" if shape else ""
+        logger.warning(f"{self.name}: CUDA graph{where}: {failure}; running eagerly from now on")
+        self._release_all()
 
-    # --- a forward awaiting its backward ----------------------------------------------------------
+    def _release_all(self) -> None:
+        for graphed in self.graphs.values():
+            graphed.release()
+        self.graphs.clear()
+        self.backend.release_pool()
 
-    def backward_pending(self) -> _PendingBackward:
-        """A token for the replay's autograd node to hold: while it lives (and
-        its backward has not run), the graph's saved activations are in the pool."""
-        token = _PendingBackward()
-        self.pending = weakref.ref(token)
-        return token
-
-    def awaiting_backward(self) -> bool:
-        return self.pending is not None and self.pending() is not None
-
-    def forget(self, captured_over: Callable[[Hashable], bool]) -> None:
-        """Drops the graphs whose key says they were captured over buffers that are gone."""
-        for key in [key for key in self.graphs if captured_over(key)]:
-            del self.graphs[key]
+    def _device_reset(self, shape: str, failure: GraphFailure) -> None:
+        """A capture failed: the device's random generator was given a fresh
+        state (backends.py), and graphs captured before it would draw from the
+        old one. This cache and every other on the device give up."""
+        self.fail(shape, failure)
+        for cache in list(_CACHES):
+            if cache is not self and cache.failed is None and cache.backend.device == self.backend.device:
+                cache.failed = f"a capture failed on {self.backend.device}"
+                logger.info(f"{cache.name}: a capture failed on {self.backend.device}, which reset its random "
+                            "generator; running eagerly from now on")
+                cache._release_all()
 
     def log_statistics(self) -> None:
         if self.statistics.calls or self.statistics.keys:
