@@ -31,7 +31,7 @@ every layer and step, scaled beforehand: a residual with dropout is one
 addcmul.
 """
 
-from typing import List, Optional, Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor

@@ -277,12 +277,15 @@ class MemoryWindows:
     With positions, the keys of each projection are written into room
     reused from step to step, and their gradient, summed over the layers
     that read them, is added to the slots' and the positions' gradients at
-    the end of the step (finish_key_grads)."""
+    the end of the step (finish_key_grads). `initial`: the slots before
+    the block's first step; `slot_grads`, `position_grads`: where the
+    backward adds the slots' and the positions' gradients (None forward)."""
 
     def __init__(self, slots: Tensor, slot_grads: Optional[Tensor], initial: int, span: int, heads: int,
                  positions: Optional[Tensor], position_grads: Optional[Tensor] = None):
         self.slots, self.slot_grads, self.initial, self.span, self.heads = slots, slot_grads, initial, span, heads
         self.positions, self.position_grads = positions, position_grads
+
         def room():
             """A [rows * heads, span, head_dim] per key projection, with positions."""
             if positions is None:
