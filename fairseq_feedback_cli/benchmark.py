@@ -3,6 +3,7 @@
     feedback-benchmark                      # translation at base widths, and the LM
     feedback-benchmark --preset tiny        # seconds, to check that it runs
     feedback-benchmark --device cuda --dtype fp16 --preset iwslt   # IWSLT and feedback_lm_wiki103 sizes
+    feedback-benchmark --reference-loop     # also the feedback models' loop through autograd
 
 Translation: feedback_transformer against fairseq's transformer (training
 target tokens/s, beam-5 output tokens/s, incremental-state bytes per decoded
@@ -203,13 +204,26 @@ def language_model_pairs(p):
             ("feedback_lm", "feedback_lm", ["--memory-span", str(p["span"]), *head_dim])]
 
 
-def models(pairs, build, device, dtype):
+def models(pairs, build, device, dtype, reference_loop=False):
     """Each (name, architecture, options) built on `device` in `dtype`; on a
-    GPU, each feedback model also as it runs without CUDA graphs."""
+    GPU, each feedback model also as it runs without CUDA graphs; with
+    `reference_loop`, each feedback model also with the reference loop."""
+    feedback = [(name, arch, extra) for name, arch, extra in pairs if arch.startswith("feedback")]
     if device.type == "cuda":
-        pairs = [*pairs, *[(f"{name} (eager)", arch, [*extra, "--no-cuda-graphs"])
-                           for name, arch, extra in pairs if arch.startswith("feedback")]]
-    return {name: build(arch, extra).to(device=device, dtype=dtype) for name, arch, extra in pairs}
+        pairs = [*pairs, *[(f"{name} (eager)", arch, [*extra, "--no-cuda-graphs"]) for name, arch, extra in feedback]]
+    built = {name: build(arch, extra).to(device=device, dtype=dtype) for name, arch, extra in pairs}
+    if reference_loop:
+        for name, arch, extra in feedback:
+            built[f"{name} (reference loop)"] = with_the_reference_loop(build(arch, extra).to(device=device,
+                                                                                             dtype=dtype))
+    return built
+
+
+def with_the_reference_loop(model):
+    """`model` with its feedback loop step by step through autograd, as
+    before the fused block (--reference-loop): what the fused block saves."""
+    model.decoder.use_fused_block(False)
+    return model
 
 
 def training_step(model, forward, target):
@@ -296,7 +310,7 @@ def state_bytes_per_token(model, encoder_out, prev):
     return tensor_bytes(state) / prev.numel()
 
 
-def translation(p, seed, device, dtype):
+def translation(p, seed, device, dtype, reference_loop):
     dictionary = make_dictionary(p["vocab"])
     g = torch.Generator().manual_seed(seed)
     src, target = (random_tokens(dictionary, p["batch"], p["length"], g).to(device) for _ in range(2))
@@ -307,7 +321,8 @@ def translation(p, seed, device, dtype):
     hypotheses = random_tokens(dictionary, p["beam_batch"] * BEAM, p["length"], g).to(device)
 
     built = models([("transformer", "transformer", []), ("feedback_transformer", "feedback_transformer", [])],
-                   lambda arch, extra: build_translation_model(arch, p, dictionary, seed, extra), device, dtype)
+                   lambda arch, extra: build_translation_model(arch, p, dictionary, seed, extra), device, dtype,
+                   reference_loop)
     train, beam, state, profiles = {}, {}, {}, {}
     for name, model in built.items():
         train[name] = translation_training(model, dictionary, src, target)
@@ -328,7 +343,7 @@ def translation(p, seed, device, dtype):
         [(name, train[name], beam[name], state[name]) for name in built], profiles)
 
 
-def language_model(p, seed, device, dtype):
+def language_model(p, seed, device, dtype, reference_loop):
     dictionary = make_dictionary(p["vocab"])
     g = torch.Generator().manual_seed(seed)
     blocks = stream_blocks(dictionary, p["streams"], p["block"], g, device)
@@ -337,7 +352,7 @@ def language_model(p, seed, device, dtype):
                                                                             device=device)},
               "prefix_tokens": prompt}
     built = models(language_model_pairs(p), lambda arch, extra: build_language_model(arch, p, dictionary, seed, extra),
-                   device, dtype)
+                   device, dtype, reference_loop)
 
     train, evaluate, sampling, profiles = {}, {}, {}, {}
     for name, model in built.items():
@@ -404,8 +419,11 @@ def operator_breakdown(title, build, training, layers, steps):
     print(f"{'total per target step (ops/step)':44s}{sum(total.values()):20.1f}\n")
 
 
-def breakdown(which, preset, seed):
-    """--breakdown: where the feedback models' operators are."""
+def breakdown(which, preset, seed, reference_loop):
+    """--breakdown: where the feedback models' operators are (with
+    `reference_loop`, with the reference loop)."""
+    loop = with_the_reference_loop if reference_loop else (lambda model: model)
+    which_loop = ", the reference loop" if reference_loop else ""
     if which in (None, "translation"):
         p = PRESETS[preset]["translation"]
         dictionary = make_dictionary(p["vocab"])
@@ -417,8 +435,10 @@ def breakdown(which, preset, seed):
 
         operator_breakdown(
             f"operators per target step of a training step, feedback_transformer d={p['embed_dim']} "
-            f"ffn={p['ffn_dim']} heads={p['heads']} layers={p['layers']}+{p['layers']}, {p['length']} target steps",
-            lambda layers: build_translation_model("feedback_transformer", dict(p, layers=layers), dictionary, seed),
+            f"ffn={p['ffn_dim']} heads={p['heads']} layers={p['layers']}+{p['layers']}, {p['length']} target steps"
+            + which_loop,
+            lambda layers: loop(build_translation_model("feedback_transformer", dict(p, layers=layers), dictionary,
+                                                        seed)),
             training, p["layers"], p["length"])
     if which in (None, "lm"):
         p = PRESETS[preset]["lm"]
@@ -431,8 +451,9 @@ def breakdown(which, preset, seed):
 
         operator_breakdown(
             f"operators per target step of a training step, feedback_lm d={p['embed_dim']} ffn={p['ffn_dim']} "
-            f"heads={p['heads']} layers={p['layers']}, blocks of {p['block']} (span {p['span']}, memory carried)",
-            lambda layers: build_language_model(arch, dict(p, layers=layers), dictionary, seed, extra),
+            f"heads={p['heads']} layers={p['layers']}, blocks of {p['block']} (span {p['span']}, memory carried)"
+            + which_loop,
+            lambda layers: loop(build_language_model(arch, dict(p, layers=layers), dictionary, seed, extra)),
             training, p["layers"], p["block"])
 
 
@@ -441,14 +462,15 @@ def print_table(title, columns, rows, profiles):
     fairseq's (the first), and each model's training-step profile."""
     gpu = any(busy is not None for _, busy in profiles.values())
     columns = [*columns, "kernels/step" if gpu else "ops/step", *(["GPU busy"] if gpu else [])]
+    width = max(30, *(len(name) + 2 for name, *_ in rows))
     print(title)
-    print(f"{'model':30s}" + "".join(f"{c:>16s}" for c in columns))
+    print(f"{'model':{width}s}" + "".join(f"{c:>16s}" for c in columns))
     for name, *values in rows:
         kernels, busy = profiles[name]
-        print(f"{name:30s}" + "".join(f"{v:16.1f}" for v in (*values, kernels))
+        print(f"{name:{width}s}" + "".join(f"{v:16.1f}" for v in (*values, kernels))
               + (f"{busy:16.0%}" if gpu else ""))
     (_, *theirs), (_, *ours) = rows[:2]
-    print(f"{'feedback / fairseq':30s}" + "".join(f"{o / t:16.2f}" for o, t in zip(ours, theirs)))
+    print(f"{'feedback / fairseq':{width}s}" + "".join(f"{o / t:16.2f}" for o, t in zip(ours, theirs)))
     print()
 
 
@@ -466,6 +488,10 @@ def main(argv=None):
                         help="instead of the rates: the feedback models' operators per target step of a training "
                              f"step by kind, forward and backward, in the loop and per layer ({BREAKDOWN_ROWS} rows, "
                              "on the CPU, as a GPU replays the loop)")
+    parser.add_argument("--reference-loop", action="store_true",
+                        help="also run each feedback model with its loop step by step through autograd (the "
+                             "reference loop, as before the fused block): what the fused block saves; with "
+                             "--breakdown, the reference loop's operators instead")
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         fail("--device cuda: no GPU is visible to torch")
@@ -478,12 +504,12 @@ def main(argv=None):
     where = torch.cuda.get_device_name() if device.type == "cuda" else f"{torch.get_num_threads()} CPU threads"
     print(f"torch {torch.__version__}, {where}, {args.dtype}, preset {args.preset}\n")
     if args.breakdown:
-        breakdown(args.only, args.preset, args.seed)
+        breakdown(args.only, args.preset, args.seed, args.reference_loop)
         return
     if args.only in (None, "translation"):
-        translation(PRESETS[args.preset]["translation"], args.seed, device, dtype)
+        translation(PRESETS[args.preset]["translation"], args.seed, device, dtype, args.reference_loop)
     if args.only in (None, "lm"):
-        language_model(PRESETS[args.preset]["lm"], args.seed, device, dtype)
+        language_model(PRESETS[args.preset]["lm"], args.seed, device, dtype, args.reference_loop)
 
 
 if __name__ == "__main__":

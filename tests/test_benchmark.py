@@ -1,19 +1,19 @@
 """feedback-benchmark: it runs, on the builders' models, and counts the feedback loop's operators as a GPU replays it."""
 
 import re
-from unittest import mock
 
 import torch
 from helpers import make_dictionary, tiny_translation_model
 
-from fairseq_feedback.modules import fused_loop
 from fairseq_feedback_cli import benchmark
 
 
 def test_the_benchmark_runs_on_the_same_builders(capsys):
-    benchmark.main(["--preset", "tiny", "--threads", "1"])
+    """With --reference-loop, each feedback model also runs its loop through autograd, in a row of its own."""
+    benchmark.main(["--preset", "tiny", "--threads", "1", "--reference-loop"])
     out = capsys.readouterr().out
-    for row in ("transformer ", "feedback_transformer", "transformer_lm", "feedback_lm", "feedback / fairseq"):
+    for row in ("transformer ", "feedback_transformer ", "transformer_lm", "feedback_lm ", "feedback / fairseq",
+                "feedback_transformer (reference loop)", "feedback_lm (reference loop)"):
         assert row in out
 
 
@@ -31,8 +31,8 @@ def test_the_benchmark_counts_the_feedback_loop_as_a_gpu_replays_it():
     assert model.decoder.graphed is None  # the model runs eagerly again
     with benchmark._CountOps() as eager:
         work()
-    with mock.patch.object(fused_loop, "unsupported", lambda *args: "the loop through autograd"):
-        through_autograd, _ = benchmark.kernels_and_busy_share(model, work, 16, torch.device("cpu"))
+    benchmark.with_the_reference_loop(model)
+    through_autograd, _ = benchmark.kernels_and_busy_share(model, work, 16, torch.device("cpu"))
     assert eager.count / 16 < replayed < 0.9 * through_autograd
 
 

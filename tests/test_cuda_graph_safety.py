@@ -24,7 +24,8 @@ from helpers import (PLUGIN, assert_same_hypotheses, assert_same_loss_and_gradie
 from torch import nn
 
 from fairseq_feedback.models.graphed_loop import GraphedFeedbackLoop
-from fairseq_feedback.modules import block_weight_gradients, fused_loop
+from fairseq_feedback.loop.fused_block import BlockFunction
+from fairseq_feedback.modules import block_weight_gradients
 from fairseq_feedback.modules.cuda_graphs import GraphCache, GraphedFunction, RecordedGraphBackend
 from fairseq_feedback.modules.cuda_graphs.backends import SharedPool
 from fairseq_feedback.modules.cuda_graphs.graphed_function import (AFTER_ANOTHER_GRAPH, FIRST_REPLAY, FULLY_CHECKED,
@@ -180,7 +181,7 @@ def test_an_evicted_graph_is_released_there_and_then():
 
 # the two Functions whose backward consumes per-block state: the fused block's, and (for options it does not
 # cover, here persistent vectors) the per-block weight gradients of the loop run through autograd
-BLOCK_BACKWARDS = {"fused block": ([], fused_loop._BlockFunction, lambda ctx: ctx.loop),
+BLOCK_BACKWARDS = {"fused block": ([], BlockFunction, lambda ctx: ctx.loop),
                    "through autograd": (["--persistent-vectors", "2"], block_weight_gradients._BlockWeights,
                                         lambda ctx: ctx.block)}
 
@@ -213,18 +214,18 @@ def test_a_new_graph_runs_one_backward_over_each_autograd_graph(layers, loop, mo
 
 
 @pytest.mark.parametrize("loop", BLOCK_BACKWARDS.values(), ids=BLOCK_BACKWARDS.keys())
-def test_in_a_graph_only_the_loop_through_autograd_takes_per_block_linear_layers(loop, monkeypatch):
+def test_in_a_graph_only_the_loop_through_autograd_takes_per_block_linear_layers(loop):
     """The fused block takes its weight gradients once per block by itself:
     per-block linear layers around it would add autograd nodes that no
     gradient reaches."""
-    flags, wrapped = loop[0], []
-    per_block_linear = block_weight_gradients._BlockLinear
-    monkeypatch.setattr(block_weight_gradients, "_BlockLinear",
-                        lambda linear: wrapped.append(linear) or per_block_linear(linear))
+    flags, per_block = loop[0], []
     model, d = tiny_translation_model("--memory-span", "4", "--dropout", "0", *flags, layers=2)
+    kv_proj = model.decoder.memory.kv_proj
+    # within weight_gradients_per_block, a linear layer runs a per-block forward of its own (an instance attribute)
+    model.decoder.register_loop_hook(lambda runner: per_block.append("forward" in vars(kv_proj)))
     model.decoder.use_cuda_graphs("emulate")
     training_results(model, translation_batches(d))
-    assert bool(wrapped) == bool(flags)
+    assert per_block and set(per_block) == {bool(flags)}
     assert model.decoder.graphed.cache.failed is None
 
 

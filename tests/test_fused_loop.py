@@ -1,18 +1,20 @@
-"""The feedback loop as one fused block (modules/fused_loop.py) computes what
-the loop through autograd computes, step by step: the same outputs and
-gradients, with dropout the same masks, and the same memory carried from
-block to block; options it does not cover run through autograd, said once."""
+"""The feedback loop as one fused block (loop/fused_block.py) computes what
+the reference loop through autograd (loop/reference.py) computes, step by
+step: the same outputs and gradients, with dropout the same masks, and the
+same memory carried from block to block; options it does not cover run
+through autograd, said once. (Each of the block's pieces alone:
+test_loop_pieces.py.)"""
 
 import contextlib
 import logging
-from unittest import mock
 
 import pytest
 import torch
 from helpers import (DEPTHS, assert_same_loss_and_gradients, batch, loss_and_gradients, make_dictionary, tiny_lm,
                      tiny_translation_model)
 
-from fairseq_feedback.modules import fused_loop
+from fairseq_feedback.loop.fused_block import FusedFeedbackLoop, fused_step
+from fairseq_feedback.loop.reference import ReferenceLoop, reference_step
 
 OPTIONS = {
     "post-norm": [],
@@ -27,9 +29,22 @@ OPTIONS = {
 SPANS = {"span shorter than target": 3, "span longer than target": 16}
 
 
-def through_autograd():
-    """Within it, the decoder runs its loop step by step through autograd."""
-    return mock.patch.object(fused_loop, "unsupported", lambda *args: "the reference loop of a test")
+@contextlib.contextmanager
+def through_autograd(model):
+    """Within it, the decoder runs the reference loop, step by step through autograd."""
+    model.decoder.use_fused_block(False)
+    try:
+        yield
+    finally:
+        model.decoder.use_fused_block(True)
+
+
+def fused_blocks(model):
+    """The fused blocks that `model`'s decoder runs from now on (FeedbackDecoder.register_loop_hook)."""
+    blocks = []
+    model.decoder.register_loop_hook(lambda runner: blocks.append(runner)
+                                     if isinstance(runner, FusedFeedbackLoop) else None)
+    return blocks
 
 
 def trained(model):
@@ -48,7 +63,7 @@ def both_ways(model, forward, target, seed=0):
     torch.manual_seed(seed)
     model.zero_grad()
     fused = loss_and_gradients(model, forward, target)
-    with through_autograd():
+    with through_autograd(model):
         torch.manual_seed(seed)
         model.zero_grad()
         reference = loss_and_gradients(model, forward, target)
@@ -70,7 +85,7 @@ def test_the_fused_block_trains_as_the_loop_through_autograd(flags, span, depth)
 @pytest.mark.parametrize("span", [4, 40], ids=["attention weights kept", "attention weights computed again"])
 @pytest.mark.parametrize("flags", [[], ["--adaptive-span", "--adaptive-span-ramp", "2"], ["--per-layer-kv"]],
                          ids=["relative positions", "adaptive span", "per-layer kv"])
-def test_a_stream_trains_block_after_block_as_through_autograd(flags, span, monkeypatch):
+def test_a_stream_trains_block_after_block_as_through_autograd(flags, span):
     """Five blocks of a stream, the memory carried (projected again by each
     block), each block's loss and gradients. Once a step reads many slots
     (here heads x slots > embed + ffn), its attention weights would take
@@ -83,10 +98,7 @@ def test_a_stream_trains_block_after_block_as_through_autograd(flags, span, monk
             layer.self_attn.span_mask.span_fraction.data = torch.tensor([0.3, 0.9])
     d = task.source_dictionary
     tokens, target = torch.randint(d.nspecial, len(d), (2, 3, 5 * 7))
-    kept = set()
-    pieces = fused_loop.FusedFeedbackLoop._pieces
-    monkeypatch.setattr(fused_loop.FusedFeedbackLoop, "_pieces",
-                        lambda loop, steps: (pieces(loop, steps), kept.add(loop.layers[0].attention.keep_probs)))
+    ran = fused_blocks(model)
 
     def blocks():
         results = []
@@ -97,11 +109,12 @@ def test_a_stream_trains_block_after_block_as_through_autograd(flags, span, monk
         return results
 
     fused = blocks()
-    with through_autograd():
+    with through_autograd(model):
         reference = blocks()
     for got, expected in zip(fused, reference):
         assert_same_loss_and_gradients(got, expected)
-    assert True in kept and (False in kept) == (span == 40)
+    kept = {block.keep_probs for block in ran}
+    assert len(ran) == 5 and True in kept and (False in kept) == (span == 40)
 
 
 class ReplayedDropout(torch.nn.Module):
@@ -127,20 +140,18 @@ def test_with_dropout_the_fused_block_trains_as_the_loop_through_autograd_with_i
     trained(model).train()
     src, src_lengths, prev = batch(d)
     target = torch.randint(d.nspecial, len(d), prev.shape)
-    drawn = []
-    draw = fused_loop.FusedFeedbackLoop._draw_masks
-    monkeypatch.setattr(fused_loop.FusedFeedbackLoop, "_draw_masks",
-                        lambda loop, x: (draw(loop, x), drawn.append((loop.masks, loop.activation_masks))))
+    blocks = fused_blocks(model)
     torch.manual_seed(0)
     model.zero_grad()
     fused = loss_and_gradients(model, lambda: model(src, src_lengths, prev)[0], target)
-    (masks, activation_masks), = drawn
+    (block,) = blocks
+    masks, activation_masks = block.masks, block.activation_masks
     assert masks is not None and activation_masks is not None
     steps, layers, sublayers = masks.shape[:3]
     for i, layer in enumerate(model.decoder.layers):  # [steps, sublayers] in the order the loop reads them
         monkeypatch.setattr(layer, "dropout_module", ReplayedDropout(masks[:, i].flatten(0, 1)))
         monkeypatch.setattr(layer, "activation_dropout_module", ReplayedDropout(activation_masks[:, i]))
-    with through_autograd():
+    with through_autograd(model):
         torch.manual_seed(0)  # the encoder's and the embeddings' dropout as before
         model.zero_grad()
         reference = loss_and_gradients(model, lambda: model(src, src_lengths, prev)[0], target)
@@ -166,13 +177,12 @@ def test_under_layerdrop_the_fused_block_trains_the_layers_kept():
 def test_an_option_the_block_does_not_cover_runs_through_autograd_said_once(caplog):
     model, d = tiny_translation_model("--persistent-vectors", "2")
     src, src_lengths, prev = batch(d)
-    calls = []
-    model.decoder.__dict__["feedback_step"] = lambda *args: calls.append(1) or type(model.decoder).feedback_step(
-        model.decoder, *args)
+    ran = []
+    model.decoder.register_loop_hook(ran.append)
     with caplog.at_level(logging.INFO):
         for _ in range(2):
             model(src, src_lengths, prev)[0].sum().backward()
-    assert len(calls) == 2 * prev.size(1)  # step by step
+    assert [type(runner) for runner in ran] == [ReferenceLoop] * 2  # step by step
     said = [r.message for r in caplog.records if "--persistent-vectors" in r.message]
     assert said == ["feedback loop: --persistent-vectors runs step by step through autograd, not as one fused block "
                     "(the same numbers, more operators)"]
@@ -187,42 +197,35 @@ def test_a_second_backward_over_one_block_is_refused_with_the_reason():
         loss.backward()
 
 
-def test_decoding_without_gradients_records_nothing_for_a_backward(monkeypatch):
+def test_decoding_without_gradients_records_nothing_for_a_backward():
     """Evaluation and search run the block's forward alone."""
     d = make_dictionary()
     model, _ = tiny_lm(dictionary=d)
     model.eval()
-    made = []
-    pieces = fused_loop.FusedFeedbackLoop._pieces
-    monkeypatch.setattr(fused_loop.FusedFeedbackLoop, "_pieces", lambda loop, steps: (pieces(loop, steps),
-                                                                                       made.append(loop)))
+    blocks = fused_blocks(model)
     with torch.no_grad():
         model(torch.randint(d.nspecial, len(d), (2, 5)))
-    (loop,) = made
-    assert not loop.kv_proj.inputs.kept and not loop.layers[1].attention.queries
+    (block,) = blocks
+    assert not block.recording
+    assert not block.kv_proj.inputs.kept and not block.layers[1].self_attn.queries
 
 
 @pytest.mark.parametrize("flags", [[], ["--persistent-vectors", "2"]], ids=["fused", "not covered"])
-def test_a_graphed_search_step_runs_the_fused_layers_where_they_cover_the_options(flags, monkeypatch):
+def test_a_graphed_search_step_runs_the_fused_layers_where_they_cover_the_options(flags):
     """Graphed decoding's step (FeedbackDecoder.decoding_step; an eager
-    search runs the fused block) runs fused_loop.step, and feedback_step
+    search runs the fused block) runs fused_step, and reference_step
     where the fused layers do not cover an option."""
     model, d = tiny_translation_model(*flags)
     model.eval()
     model.decoder.use_cuda_graphs("emulate")
     src, src_lengths, prev = batch(d)
-    calls = {"fused": 0, "through autograd": 0}
-
-    def counted(kind, function):
-        return lambda *args: calls.__setitem__(kind, calls[kind] + 1) or function(*args)
-
-    monkeypatch.setattr(fused_loop, "step", counted("fused", fused_loop.step))
-    model.decoder.__dict__["feedback_step"] = counted("through autograd", model.decoder.feedback_step)
+    ran = []
+    model.decoder.register_loop_hook(ran.append)
     state = {}
     encoder_out = model.encoder(src, src_lengths=src_lengths)
     with torch.no_grad():
         for t in range(prev.size(1)):
             model.decoder(prev[:, : t + 1], encoder_out=encoder_out, incremental_state=state)
-    used, unused = ("through autograd", "fused") if flags else ("fused", "through autograd")
-    assert calls[used] >= prev.size(1) and calls[unused] == 0
+    used, unused = (reference_step, fused_step) if flags else (fused_step, reference_step)
+    assert ran.count(used) >= prev.size(1) and unused not in ran
     assert model.decoder.graphed.cache.failed is None

@@ -17,14 +17,18 @@ decoding) runs it from a memory that it starts or resumes.
 """
 
 import logging
-from typing import Dict, List, Optional, Tuple
+from collections import OrderedDict
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
+from torch.utils.hooks import RemovableHandle
 
-from ..modules import fused_loop
-from ..modules.memory_view import MemoryView, SlotDistances, with_positions
-from ..modules.memory_decoder_layer import MemoryDecoderLayer
+from ..loop import fallback
+from ..loop.fused_block import FusedFeedbackLoop, fused_step
+from ..loop.reference import ReferenceLoop, memory_views, persistent_vectors, reference_step
+from ..modules.memory_view import SlotDistances
+from ..modules.memory_decoder_layer import MemoryDecoderLayer, per_layer
 from ..modules.feedback_memory import FeedbackMemory
 from ..modules.key_value_buffer import KeyValueBuffer
 from .graphed_loop import GraphedFeedbackLoop
@@ -43,6 +47,8 @@ class FeedbackDecoder(MemoryDecoder):
             composition=cfg.memory_composition,
         )
         self.use_cuda_graphs("off" if cfg.no_cuda_graphs else str(cfg.cuda_graphs))
+        self.use_fused_block(True)
+        self.loop_hooks: Dict[int, Callable] = OrderedDict()
         self.unfused_reasons_said = set()  # _log_unfused says each once
 
     def use_cuda_graphs(self, mode: str) -> None:
@@ -51,6 +57,23 @@ class FeedbackDecoder(MemoryDecoder):
         as on a GPU, with a stand-in for the CUDA calls, on any device
         (graphed_loop.py)."""
         self.graphed = None if mode == "off" else GraphedFeedbackLoop(mode)
+
+    def use_fused_block(self, use: bool) -> None:
+        """Which loop runs the options that the fused block covers: the
+        fused block (loop/fused_block.py; the default), or the reference
+        loop step by step through autograd (loop/reference.py), the same
+        outputs and gradients in more operators."""
+        self.fused_block_enabled = use
+
+    def register_loop_hook(self, hook: Callable) -> RemovableHandle:
+        """hook(runner), called after each block of feedback_loop and each
+        decoding_step with what ran it: the block's FusedFeedbackLoop (its
+        dropout masks, what it recorded: see there) or ReferenceLoop, or the
+        step's function, fused_step or reference_step. The handle's
+        remove() takes the hook away, as for nn.Module's hooks."""
+        handle = RemovableHandle(self.loop_hooks)
+        self.loop_hooks[handle.id] = hook
+        return handle
 
     def decode(self, x, layers, encoder_kv, encoder_bias, incremental_state: Optional[IncrementalState] = None,
                stream_state: Optional[Dict[str, Tensor]] = None):
@@ -122,8 +145,8 @@ class FeedbackDecoder(MemoryDecoder):
         values that step 0 reads; each step appends the keys and values of its
         memory vector to `buffer`. Returns the top layer's outputs and the
         memory vectors m_t, both [time, batch, embed]. The block runs as one
-        fused autograd Function (modules/fused_loop.py); options it does not
-        cover, step by step through autograd, below."""
+        fused autograd Function (loop/fused_block.py); options it does not
+        cover, step by step through autograd (loop/reference.py)."""
         # everything that does not depend on the step, once: a full window
         # holds m_{t-span} .. m_{t-1}, all visible; shorter ones its last slots
         weights = self.memory.mixing_weights()
@@ -132,20 +155,13 @@ class FeedbackDecoder(MemoryDecoder):
         span_biases = [None if mask is None else full_window.span_bias(mask) for mask in span_masks]
         positions = None if self.key_positions is None else full_window.positions(self.key_positions)[0]
         why_not = self.unfused_reason(layers, x.device.type, buffer)
-        if why_not is None:
-            loop = fused_loop.FusedFeedbackLoop(self, buffer, window, span, layers, positions, span_biases, weights)
-            return loop(x, encoder_kv, encoder_bias)
-        self._log_unfused(why_not)
-        persistent = self.persistent_vectors(layers)
-        encoder_kv = self.per_layer(encoder_kv, len(layers))
-        outputs, memories = [], []
-        for h in x.unbind(0):  # not x[t]: each index's backward fills a gradient of all of x
-            views = self.memory_views(window, positions, span_biases, persistent)
-            h, m = self.feedback_step(h, views, layers, encoder_kv, encoder_bias, weights)
-            window = buffer.append(self.memory.project(m.unsqueeze(0)), span)
-            outputs.append(h)
-            memories.append(m)
-        return torch.stack(outputs), torch.stack(memories)
+        if why_not is not None:
+            self._log_unfused(why_not)
+        loop = (FusedFeedbackLoop if why_not is None else ReferenceLoop)(
+            self.memory, layers, buffer, window, span, positions, span_biases, weights)
+        outputs, memories = loop(x, encoder_kv, encoder_bias)
+        self._ran(loop)
+        return outputs, memories
 
     def decoding_step(self, x: Tensor, window: Tuple[Tensor, ...], distance: Tensor, span: int,
                       layers: List[Optional[MemoryDecoderLayer]], encoder_kv: Optional[Tensor],
@@ -153,53 +169,32 @@ class FeedbackDecoder(MemoryDecoder):
         """One step over a window of slots that lie `distance` steps back
         (a ring of fixed shape, for CUDA graphs: static_memory.py), those
         out of span masked: the top layer's output, and the keys and values
-        of m_t [1, planes, rows, heads, head_dim]."""
+        of m_t [1, planes, rows, heads, head_dim]. A search's step runs the
+        fused layers, which keep nothing for a backward and draw no dropout."""
         slots = SlotDistances(distance[None], 1, span, self.span)
         positions = None if self.key_positions is None else slots.positions(self.key_positions)[0]
         biases = [slots.bias(None if layer is None else layer.self_attn.span_mask, x) for layer in layers]
-        views = self.memory_views(window, positions, biases, self.persistent_vectors(layers))
-        encoder_kv, weights = self.per_layer(encoder_kv, len(layers)), self.memory.mixing_weights()
-        if torch.is_grad_enabled() or self.training or fused_loop.unsupported(layers, False, x.device.type):
-            h, m = self.feedback_step(x, views, layers, encoder_kv, encoder_bias, weights)
-        else:  # a search's step: the fused block's layers, with no dropout and nothing kept for a backward
-            h, states = fused_loop.step(x, views, layers, encoder_kv, encoder_bias)
-            m = self.memory(states, weights)
+        views = memory_views(self.memory, window, positions, biases, persistent_vectors(layers))
+        searching = not (torch.is_grad_enabled() or self.training)
+        step = fused_step if searching and self.unfused_reason(layers, x.device.type) is None else reference_step
+        h, m = step(x, views, layers, per_layer(encoder_kv, len(layers)), encoder_bias, self.memory,
+                    self.memory.mixing_weights())
+        self._ran(step)
         return h, self.memory.project(m.unsqueeze(0))
-
-    def memory_views(self, window: Tuple[Tensor, ...], positions: Optional[Tensor], biases: List[Optional[Tensor]],
-                     persistent: List) -> List[MemoryView]:
-        """What each layer reads at one step: keys (with relative positions,
-        `positions` [slots, head_dim] of a full window) and values of the
-        memory's window, its bias (of a full window: the last slots are
-        kept) and its persistent vectors."""
-        return [MemoryView(keys, values, None if bias is None else bias[..., -keys.size(2):], vectors)
-                for (keys, values), bias, vectors in zip(
-                    self.memory.layer_keys_values(window, lambda k: with_positions(k, positions)), biases, persistent)]
-
-    @staticmethod
-    def persistent_vectors(layers: List[Optional[MemoryDecoderLayer]]) -> List:
-        return [None if layer is None else layer.self_attn.persistent() for layer in layers]
-
-    def feedback_step(self, h: Tensor, views: List[MemoryView], layers: List[Optional[MemoryDecoderLayer]],
-                      encoder_kv: List[Optional[Tensor]], encoder_bias: Optional[Tensor], weights: Tensor):
-        """One step t through every layer, each reading its view of the
-        memory: x_t^{l+1} = Layer_l(x_t^l, memory). Returns the top layer's
-        output and the step's memory vector m_t (eq. 1)."""
-        states = [h]
-        for layer, view, kv in zip(layers, views, encoder_kv):
-            if layer is not None:
-                h = layer.forward_memory(h, view, kv, encoder_bias)
-            states.append(h)  # a left-out layer passes its input on
-        return h, self.memory(states, weights)
 
     def unfused_reason(self, layers: List[Optional[MemoryDecoderLayer]], device_type: str,
                        buffer: Optional[KeyValueBuffer] = None) -> Optional[str]:
-        """Why feedback_loop runs these layers step by step through autograd
-        rather than as one fused block (None: fused)."""
-        grad = torch.is_grad_enabled()
-        if grad and buffer is not None and buffer.resumed:
-            return "gradients through a decoding cache"
-        return fused_loop.unsupported(layers, grad, device_type)
+        """Why the loop runs these layers through autograd (ReferenceLoop,
+        reference_step) rather than fused (None: fused): use_fused_block(False),
+        or an option that the fused block does not cover (loop/fallback.py).
+        `buffer`: the memory's slots, when resumed from a decoding cache."""
+        if not self.fused_block_enabled:
+            return "use_fused_block(False)"
+        return fallback.unfused_reason(layers, device_type, buffer)
+
+    def _ran(self, runner) -> None:
+        for hook in self.loop_hooks.values():
+            hook(runner)
 
     def _log_unfused(self, reason: str) -> None:
         """Once per decoder and reason."""

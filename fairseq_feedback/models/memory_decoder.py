@@ -15,7 +15,7 @@ the encoder output once per sentence, and hands the layers to the subclass's
 """
 
 import sys
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional
 
 import torch
 from fairseq.models.transformer import TransformerDecoderBase
@@ -51,12 +51,6 @@ class MemoryDecoder(TransformerDecoderBase):
         LayerDrop left out of this pass; `encoder_kv` the encoder's keys and
         values for every layer, [layers, 2, sentences, heads, src_len, head_dim]."""
         raise NotImplementedError
-
-    @staticmethod
-    def per_layer(encoder_kv: Optional[Tensor], layers: int) -> List[Optional[Tuple[Tensor, Tensor]]]:
-        """Each layer's encoder (keys, values), split once per block: indexing
-        them in every step would cost a full-size gradient per step."""
-        return [None] * layers if encoder_kv is None else [tuple(kv.unbind()) for kv in encoder_kv.unbind()]
 
     def embed(self, tokens: Tensor, positions: Optional[Tensor]) -> Tensor:
         """x^0: tokens [batch, time] -> [time, batch, embed], as fairseq's decoder embeds them."""

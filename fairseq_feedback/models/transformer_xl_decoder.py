@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from ..modules.memory_view import MemoryView, SlotDistances
-from ..modules.memory_decoder_layer import MemoryDecoderLayer
+from ..modules.memory_decoder_layer import MemoryDecoderLayer, per_layer
 from ..modules.key_value_buffer import KeyValueBuffer
 from .memory_decoder import IncrementalState, MemoryDecoder
 
@@ -25,7 +25,7 @@ class TransformerXLDecoder(MemoryDecoder):
                stream_state: Optional[Dict[str, Tensor]] = None):
         span = self.current_span()
         carried = None if stream_state is None else stream_state.get("memory")  # [layers, slots, batch, embed]
-        inputs, encoder_kv = [], self.per_layer(encoder_kv, len(layers))
+        inputs, encoder_kv = [], per_layer(encoder_kv, len(layers))
         for i, layer in enumerate(layers):
             inputs.append(x)
             if layer is None:  # left out by LayerDrop: passes its input on

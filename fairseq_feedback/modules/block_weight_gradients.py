@@ -13,8 +13,8 @@ step's backward computes only its input's gradient and keeps g_t. Every step
 reads the weights through one node made at the start of the block; autograd
 runs that node after all the steps that read it, and it computes dW and db.
 
-The loop through autograd (for options that the fused block,
-fused_loop.py, does not cover) uses it when replayed as a CUDA graph
+The reference loop through autograd (for options that the fused block,
+loop/fused_block.py, does not cover) uses it when replayed as a CUDA graph
 (graphed_loop.py): there kernels cost and Python does not. Run eagerly,
 the two autograd functions per layer and step cost more in Python than
 the kernels they save at small sizes.
@@ -27,12 +27,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..loop.fallback import has_forward_pre_hooks
+
 
 @contextlib.contextmanager
 def weight_gradients_per_block(modules: Iterable[nn.Module]) -> Iterator[None]:
     """Within the block, each plain nn.Linear among `modules` computes its
     weight gradient once (when gradients are on; others run as they are)."""
-    linears = [m for m in modules if type(m) is nn.Linear and m.weight.requires_grad and not m._forward_pre_hooks]
+    linears = [m for m in modules
+               if type(m) is nn.Linear and m.weight.requires_grad and not has_forward_pre_hooks(m)]
     if not torch.is_grad_enabled() or not linears:
         yield
         return

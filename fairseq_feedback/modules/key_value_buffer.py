@@ -56,7 +56,7 @@ class KeyValueBuffer:
 
     def extend(self, new: Tensor, window: int) -> None:
         """Writes `new` after the filled slots, outside autograd: for a
-        caller that computes its slots' gradients itself (fused_loop.py).
+        caller that computes its slots' gradients itself (loop/fused_block.py).
         The slots that no later `window` reaches may go to make room."""
         if self.length + new.size(0) > self.capacity:
             self._make_room(new.size(0), window)

@@ -12,6 +12,8 @@ dropouts this layer inherits; only self-attention is replaced. With
 --no-feed-forward (and persistent vectors) it is an all-attention layer.
 """
 
+from typing import List, Optional, Tuple
+
 import torch
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
 from torch import Tensor
@@ -55,6 +57,12 @@ class MemoryDecoderLayer(TransformerDecoderLayerBase):
         kv = [proj(encoder_out).view(src_len, batch, attn.num_heads, attn.head_dim) for proj in (attn.k_proj, attn.v_proj)]
         return torch.stack(kv).permute(0, 2, 3, 1, 4).contiguous()
 
+    def encoder_attention_dropout(self) -> float:
+        """The encoder attention's dropout probability in training (0
+        without encoder attention). fairseq's MultiheadAttention keeps it in
+        its dropout module (fairseq-fixed 0.12.3.1 / fairseq main early 2024)."""
+        return 0.0 if self.encoder_attn is None else self.encoder_attn.dropout_module.p
+
     def _sublayer(self, x: Tensor, norm, fn) -> Tensor:
         residual = x
         if self.normalize_before:
@@ -71,7 +79,7 @@ class MemoryDecoderLayer(TransformerDecoderLayerBase):
         x = self._sublayer(x, self.self_attn_layer_norm, lambda h: self.self_attn(h, memory))
         if self.encoder_attn is not None:
             attn = self.encoder_attn
-            dropout_p = attn.dropout_module.p if self.training else 0.0
+            dropout_p = self.encoder_attention_dropout() if self.training else 0.0
             x = self._sublayer(
                 x, self.encoder_attn_layer_norm,
                 lambda h: attend(h, attn.q_proj, attn.out_proj, encoder_kv[0], encoder_kv[1], encoder_bias, dropout_p=dropout_p),
@@ -79,3 +87,10 @@ class MemoryDecoderLayer(TransformerDecoderLayerBase):
         if self.fc1 is None:
             return x
         return self._sublayer(x, self.final_layer_norm, self._feed_forward)
+
+
+def per_layer(encoder_kv: Optional[Tensor], layers: int) -> List[Optional[Tuple[Tensor, Tensor]]]:
+    """Each layer's encoder (keys, values), from every layer's encoder_keys_values
+    stacked, [layers, 2, sentences, heads, src_len, head_dim]; split once per
+    block: indexing them in every step would cost a full-size gradient per step."""
+    return [None] * layers if encoder_kv is None else [tuple(kv.unbind()) for kv in encoder_kv.unbind()]

@@ -1,0 +1,50 @@
+"""Why the loop cannot run as the fused block: the one door.
+
+The fused block (fused_block.py) and the fused search step cover the
+options that training and decoding use; for the others the decoder runs
+the reference loop (reference.py) step by step through autograd: the same
+numbers, more operators. FeedbackDecoder.unfused_reason asks here, for its
+loop (feedback_loop), its search step (decoding_step) and its CUDA graphs.
+"""
+
+from typing import Optional, Sequence
+
+import torch
+from torch import nn
+
+from ..modules.key_value_buffer import KeyValueBuffer
+from .fused_layer import ACTIVATIONS
+
+
+def unfused_reason(layers: Sequence, device_type: str, buffer: Optional[KeyValueBuffer] = None) -> Optional[str]:
+    """Why these layers (None where LayerDrop left one out) run through
+    autograd rather than fused (None: fused). `buffer`: the memory's
+    key/value slots, when the loop resumes a decoding cache."""
+    if torch.is_grad_enabled() and buffer is not None and buffer.resumed:
+        return "gradients through a decoding cache"
+    if torch.is_autocast_enabled(device_type):
+        return "autocast (--amp)"
+    for layer in layers:
+        if layer is None:
+            continue
+        if layer.self_attn.persistent_keys is not None:
+            return "--persistent-vectors"
+        if layer.training and (layer.self_attn.dropout or layer.encoder_attention_dropout()):
+            return "--attention-dropout"
+        if layer.activation_fn not in ACTIVATIONS:
+            return "an activation other than relu and gelu"
+        if any(has_forward_pre_hooks(m) or has_forward_hooks(m) for m in layer.modules()):
+            return "hooks on a layer's modules (--quant-noise-pq)"
+        if any(m.apply_during_inference for m in (layer.dropout_module, layer.activation_dropout_module)):
+            return "--retain-dropout"
+    return None
+
+
+# torch keeps a module's hooks in private dicts (torch 2.x, to 2.13 here); fairseq's
+# quant_noise (fairseq-fixed 0.12.3.1 / fairseq main early 2024) registers a forward pre-hook
+def has_forward_pre_hooks(module: nn.Module) -> bool:
+    return bool(module._forward_pre_hooks)
+
+
+def has_forward_hooks(module: nn.Module) -> bool:
+    return bool(module._forward_hooks)

@@ -1,0 +1,286 @@
+"""The feedback loop as one autograd Function per block, its backward written by hand.
+
+Run through autograd (reference.py), every step records each operator (a
+node, saved tensors, a gradient accumulation each), and each linear layer
+computes its weight gradient at every step, a product of rank `rows` added
+to the sum so far. Here a block of steps is one Function. Its backward is
+the chain rule through each step's layers (fused_layer.py), later steps
+first; what does not depend on the step's gradient comes once per block:
+every linear layer's weight gradient (dW = G^T X, one product over the
+block's steps), every layer norm's (one native_layer_norm_backward over the
+block), the mixing weights' (eq. 1), the encoder's keys' and values' (one
+product each), and the first layer's queries, which depend on the
+embeddings alone. What those products read is written in place, step by
+step, into tensors of the whole block (out=), wherever the operator that
+makes it can write there.
+
+A step's memory vector m_t (eq. 1, operators.Mixing) is projected to its
+keys and values, k_t and v_t, which later steps read:
+
+    kv_t = kv_proj(m_t)  (pre-norm: kv_proj(LN(m_t)))
+    g_m_t = kv_proj'(g_kv_t) (+ LN')  + the gradient of m_t from outside the block
+
+and g_kv_t is complete when the backward reaches step t: every step that
+reads slot t comes later.
+
+Attention reads one query row per sequence: scores, softmax and weighted
+sum as three batched products (the fused scaled_dot_product_attention
+kernel costs more than that at this size on the CPU; its backward, ten
+times more). Dropout masks are drawn once per block, one Bernoulli draw for
+every layer and step, scaled beforehand: a residual with dropout is one
+addcmul.
+"""
+
+from typing import Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+from ..modules.key_value_buffer import KeyValueBuffer
+from ..modules.memory_decoder_layer import per_layer
+from .fused_layer import FusedLayer
+from .operators import Linear, MemoryWindows, Mixing, Norm, per_row
+
+
+def encoder_reads(encoder_kv: Sequence[Optional[Tuple[Tensor, Tensor]]], encoder_bias: Optional[Tensor], rows: int):
+    """Each layer's encoder (keys, values) [sequences, heads, src_len,
+    head_dim] as Attention takes them, with the mask [sequences, 1, 1,
+    src_len] (None: no padding), expanded once for all layers, and the
+    rows per sequence."""
+    present = [kv for kv in encoder_kv if kv is not None]
+    if not present:
+        return list(encoder_kv)
+    sequences, heads, src_len, head_dim = present[0][0].shape
+    bias = None if encoder_bias is None else encoder_bias.expand(sequences, heads, 1, src_len).reshape(-1, 1, src_len)
+    return [None if kv is None else (kv[0].view(-1, src_len, head_dim), kv[1].view(-1, src_len, head_dim), bias,
+                                     rows // sequences) for kv in encoder_kv]
+
+
+def fused_step(x: Tensor, views: Sequence, layers: Sequence, encoder_kv: Sequence, encoder_bias: Optional[Tensor],
+               memory, weights: Tensor) -> Tuple[Tensor, Tensor]:
+    """reference.reference_step through the fused layers, without gradients
+    or dropout (a search's step): the top layer's output and m_t."""
+    states, rows = [x], x.size(0)
+    for layer, view, encoder_read in zip(layers, views, encoder_reads(encoder_kv, encoder_bias, rows)):
+        if layer is not None:
+            memory_read = (view.keys.flatten(0, 1), view.values.flatten(0, 1), per_row(view.bias, rows))
+            x = FusedLayer(layer, 1, recording=False)(x, 0, memory_read, encoder_read, None, None)
+        states.append(x)
+    return x, memory(states, weights)
+
+
+class FusedFeedbackLoop:
+    """FeedbackDecoder.feedback_loop for one block, as one autograd Function.
+
+    `memory`: the decoder's FeedbackMemory; `layers`, `buffer`, `window`,
+    `span`: as feedback_loop takes them (None where LayerDrop left a layer
+    out; the memory's key/value slots; the window that step 0 reads; the
+    slots a step reads at most); `positions`: the relative positions of a
+    full window [span, head_dim], or None; `span_biases`: each layer's
+    adaptive span, log m(e) of a full window [heads, 1, span], or None;
+    `weights`: the mixing weights of eq. 1.
+
+    The block reads its slots from a copy laid out for attention,
+    [planes, rows, heads, slots, head_dim]: a window is then a batch of
+    contiguous matrices, which the batched products take as they are (read
+    in the buffer's layout, slots first, they ran several times slower).
+    The buffer gets the new slots at the end of the block.
+
+    Once called, a block shows (FeedbackDecoder.register_loop_hook) whether
+    it records for a backward (`recording`), its dropout masks (`masks`
+    [steps, layers, sublayers, rows, embed] and `activation_masks` [steps,
+    layers, rows, ffn], scaled, or None), and whether its attention keeps
+    its weights for the backward (`keep_probs`)."""
+
+    def __init__(self, memory, layers: Sequence, buffer: KeyValueBuffer, window: Tuple[Tensor, ...], span: int,
+                 positions: Optional[Tensor], span_biases: Sequence[Optional[Tensor]], weights: Tensor):
+        self.memory, self.module_layers = memory, layers
+        self.buffer, self.window, self.span, self.initial = buffer, window, span, window[0].size(2)
+        self.plane_count, self.heads, self.head_dim = memory.planes, memory.num_heads, memory.head_dim
+        self.positions, self.weights, self.span_biases = positions, weights, list(span_biases)
+        self.parameters = [memory.kv_proj.weight, memory.kv_proj.bias]
+        if memory.layer_norm is not None:
+            self.parameters += [memory.layer_norm.weight, memory.layer_norm.bias]
+        self.parameters += [p for layer in layers if layer is not None
+                            for m in FusedLayer.weighted_modules(layer) for p in (m.weight, m.bias)]
+
+    def __call__(self, x: Tensor, encoder_kv: Optional[Tensor], encoder_bias: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+        """The top layer's outputs and the memory vectors, [steps, rows, embed] each."""
+        inputs = [x, encoder_kv, self.positions, self.weights, *self.span_biases, *self.window, *self.parameters]
+        recording = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs)
+        with torch.no_grad():  # the block's backward is its own
+            self._start(x, encoder_kv, encoder_bias, recording)
+        if not recording:
+            return self.forward()
+        return BlockFunction.apply(self, *inputs)
+
+    def _start(self, x: Tensor, encoder_kv: Optional[Tensor], encoder_bias: Optional[Tensor], recording: bool) -> None:
+        """Everything the block's steps read and write: the layers' pieces,
+        the slots, the encoder's keys and values, the biases, the dropout
+        masks, the states of eq. 1 and the memory vectors."""
+        steps, rows, embed = x.shape
+        self.recording, self.encoder_kv = recording, encoder_kv
+        memory = self.memory
+        self.kv_proj = Linear(memory.kv_proj, steps, recording)
+        self.memory_layer_norm = None if memory.layer_norm is None else Norm(memory.layer_norm, steps, recording)
+        present = [layer for layer in self.module_layers if layer is not None]
+        read = min(self.span, self.initial + steps - 1)  # slots a step reads at most
+        self.keep_probs = not present or present[0].self_attn.num_heads * read <= embed + (
+            0 if present[0].fc1 is None else present[0].fc1.out_features)
+        self.layers = [None if layer is None else FusedLayer(layer, steps, recording, 0 if memory.shared_kv else 2 * i,
+                                                             i == 0, self.keep_probs)
+                       for i, layer in enumerate(self.module_layers)]
+        self.present = [layer for layer in self.layers if layer is not None]
+
+        self.slots = x.new_empty(self.plane_count, rows, self.heads, self.initial + steps, self.head_dim)
+        self.slots[:, :, :, : self.initial] = torch.stack(self.window)
+        self.encoder_reads = encoder_reads(per_layer(encoder_kv, len(self.layers)), encoder_bias, rows)
+        self.biases = [None if b is None else per_row(b, rows) for b in self.span_biases]
+        self._draw_masks(x)
+
+        # x_t^0 .. x_t^L, the states that eq. 1 mixes; a pre-norm layer writes its output here
+        self.states = x.new_empty(len(self.layers) + 1, steps, rows, embed)
+        self.states[0] = x
+        self.memories = x.new_empty(steps, rows, embed)
+        self.mixing = Mixing(self.weights, self.states)
+        if recording:
+            for layer, inputs in zip(self.layers, self.states):
+                if layer is not None:
+                    layer.read_inputs_from(inputs)
+            (self.kv_proj if self.memory_layer_norm is None else self.memory_layer_norm).inputs.write_into(self.memories)
+
+    def _draw_masks(self, x: Tensor) -> None:
+        """Every dropout mask of the block in one draw, scaled by 1 / (1 - p)."""
+        steps, rows, embed = x.shape
+        first = self.present[0] if self.present else None
+        self.masks = self.activation_masks = None
+        if first is not None and first.dropout:
+            keep = 1 - first.dropout
+            shape = (steps, len(self.layers), len(first.sublayers), rows, embed)
+            self.masks = x.new_empty(shape).bernoulli_(keep).div_(keep)
+        if first is not None and first.activation_dropout:
+            keep = 1 - first.activation_dropout
+            shape = (steps, len(self.layers), rows, first.fc1.weight.size(0))
+            self.activation_masks = x.new_empty(shape).bernoulli_(keep).div_(keep)
+        # each step's and layer's views, made once
+        self.mask_views, self.activation_mask_views = (
+            [[None] * len(self.layers)] * steps if masks is None else [list(at_t.unbind(0)) for at_t in masks.unbind(0)]
+            for masks in (self.masks, self.activation_masks))
+
+    def _masks(self, t: int, layer: int):
+        return self.mask_views[t][layer], self.activation_mask_views[t][layer]
+
+    # --- forward ------------------------------------------------------------------------------------
+
+    def forward(self) -> Tuple[Tensor, Tensor]:
+        states, memories, slots = self.states, self.memories, self.slots
+        rows = memories.size(1)
+        pre_norm = bool(self.present) and self.present[0].pre_norm
+        if self.layers and self.layers[0] is not None:
+            self.layers[0].project_block_queries(states[0])
+        windows = MemoryWindows(slots, None, self.initial, self.span, self.heads, self.positions)
+        for t, h in enumerate(states[0].unbind(0)):
+            planes = windows.planes(t)
+            keys = windows.keys(planes)
+            outputs = [h]
+            for i, layer in enumerate(self.layers):
+                if layer is not None:
+                    bias = None if self.biases[i] is None else self.biases[i][..., -planes[0].size(1):]
+                    memory_read = (keys[layer.plane // 2], planes[layer.plane + 1], bias)
+                    h = layer(h, t, memory_read, self.encoder_reads[i], *self._masks(t, i),
+                              states[i + 1, t] if pre_norm else None)
+                elif pre_norm:
+                    states[i + 1, t] = h
+                outputs.append(h)
+            if not pre_norm:
+                torch.stack(outputs[1:], out=states[1:, t])
+            m = self.mixing(t, memories[t])
+            kv = self.kv_proj(m if self.memory_layer_norm is None else self.memory_layer_norm(m, t), t)
+            slots[:, :, :, self.initial + t] = kv.view(rows, self.plane_count, self.heads, self.head_dim).transpose(0, 1)
+        self.buffer.extend(slots[:, :, :, self.initial:].permute(3, 0, 1, 2, 4), self.span)  # a decoding cache reads them
+        return states[-1], memories
+
+    # --- backward -----------------------------------------------------------------------------------
+
+    def backward(self, output_grads: Optional[Tensor], outside_memory_grads: Optional[Tensor]):
+        """The gradients of BlockFunction's inputs, from those of the top
+        layer's outputs and of the memory vectors (None: no gradient)."""
+        states, slots, encoder_kv, mixing = self.states, self.slots, self.encoder_kv, self.mixing
+        _, steps, rows, _ = states.shape
+        slot_grads = torch.zeros_like(slots)
+        encoder_grads = None
+        if encoder_kv is not None:  # a layer that LayerDrop left out reads none of it
+            encoder_grads = torch.zeros_like(encoder_kv) if None in self.layers else torch.empty_like(encoder_kv)
+        position_grads = None if self.positions is None else torch.zeros_like(self.positions)
+        bias_grads = [None if b is None else torch.zeros_like(b) for b in self.span_biases]
+        input_grads = torch.empty_like(states[0])
+        windows = MemoryWindows(slots, slot_grads, self.initial, self.span, self.heads, self.positions, position_grads)
+        top_layer = len(self.layers)
+        for t in reversed(range(steps)):
+            # slot t's gradient is complete: every window reading it belongs to a later step
+            kv_grad = self.kv_proj.output_grads.at(t, input_grads[t], self.plane_count * self.heads * self.head_dim)
+            kv_grad.view(rows, self.plane_count, self.heads, self.head_dim).copy_(
+                slot_grads[:, :, :, self.initial + t].transpose(0, 1))
+            if self.memory_layer_norm is None:
+                memory_grad = self.kv_proj.backward(kv_grad, t, out=mixing.memory_grads.at(t, input_grads[t]))
+            else:
+                memory_grad = self.memory_layer_norm.backward(self.kv_proj.backward(
+                    kv_grad, t, out=self.memory_layer_norm.output_grads.at(t, input_grads[t])), t)
+                mixing.memory_grads.keep(t, memory_grad)
+            if outside_memory_grads is not None:
+                memory_grad += outside_memory_grads[t]
+            planes = windows.planes(t)
+            keys = windows.keys(planes)
+            plane_grads, key_grads, overwrite = windows.grads(t)
+            slots_read = planes[0].size(1)
+            # the top layer's output: its own gradient, and its share of m_t
+            top = self.layers[-1].output_grad_slot(t, memory_grad) if self.layers[-1] is not None else None
+            grad = mixing.add_share(None if output_grads is None else output_grads[t], memory_grad, top_layer, top)
+            for i in reversed(range(len(self.layers))):
+                layer = self.layers[i]
+                below = None if i == 0 or self.layers[i - 1] is None else self.layers[i - 1].output_grad_slot(t, grad)
+                if layer is not None:
+                    k = layer.plane // 2
+                    bias = None if self.biases[i] is None else self.biases[i][..., -slots_read:]
+                    bias_grad = None if bias_grads[i] is None else bias_grads[i][..., -slots_read:]
+                    encoder_read = None if self.encoder_reads[i] is None else self.encoder_reads[i][:2]
+                    grad = layer.backward(grad, t, (keys[k], planes[layer.plane + 1], bias),
+                                          (key_grads[k], plane_grads[layer.plane + 1], bias_grad, overwrite[k]),
+                                          encoder_read, *self._masks(t, i))
+                    overwrite[k] = False
+                # the input's share of m_t, where the layer below records its output's gradient
+                grad = mixing.add_share(grad, memory_grad, i, input_grads[t] if i == 0 else below)
+            windows.finish_key_grads(plane_grads, key_grads, overwrite)
+        if self.layers and self.layers[0] is not None:
+            self.layers[0].block_queries_backward(input_grads)
+        for layer, grads in zip(self.layers, [] if encoder_grads is None else encoder_grads.unbind()):
+            if layer is not None:
+                layer.encoder_attn.key_value_grads(*(g.view(-1, *g.shape[-2:]) for g in grads.unbind()))
+        window_grads = slot_grads[:, :, :, : self.initial].unbind(0)
+        parameter_grads = [*self.kv_proj.weight_grads(),
+                           *([] if self.memory_layer_norm is None else self.memory_layer_norm.weight_grads()),
+                           *(g for layer in self.present for g in layer.weight_grads())]
+        return (input_grads, encoder_grads, position_grads, mixing.weight_grads(), *bias_grads, *window_grads,
+                *parameter_grads)
+
+
+class BlockFunction(torch.autograd.Function):
+    """A FusedFeedbackLoop's block as one autograd node. `inputs`: what the
+    block reads (it holds them already), for autograd to route their
+    gradients."""
+
+    @staticmethod
+    def forward(ctx, loop: FusedFeedbackLoop, *inputs):
+        ctx.loop = loop
+        ctx.set_materialize_grads(False)
+        return loop.forward()
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, output_grads, memory_grads):
+        if ctx.loop is None:
+            raise RuntimeError("the fused feedback loop's backward ran twice over one block; its activations are "
+                               "freed by the first (as autograd frees saved tensors without retain_graph)")
+        loop, ctx.loop = ctx.loop, None  # what the block kept for its backward goes with it
+        return (None, *loop.backward(output_grads, memory_grads))

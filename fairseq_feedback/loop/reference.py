@@ -1,0 +1,73 @@
+"""The reference loop: section 3.3 step by step, through autograd.
+
+Each step runs fairseq's modules as they are (MemoryDecoderLayer's
+forward_memory, FeedbackMemory) and autograd records it: it covers every
+option, and it is what the fused block (fused_block.py) is checked against.
+The decoder runs it where the fused block does not cover an option
+(fallback.py), or when told to (FeedbackDecoder.use_fused_block(False)).
+"""
+
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+
+from ..modules.key_value_buffer import KeyValueBuffer
+from ..modules.memory_decoder_layer import per_layer
+from ..modules.memory_view import MemoryView, with_positions
+
+
+def persistent_vectors(layers: Sequence) -> List:
+    """Each layer's persistent key/value vectors, or None."""
+    return [None if layer is None else layer.self_attn.persistent() for layer in layers]
+
+
+def memory_views(memory, window: Tuple[Tensor, ...], positions: Optional[Tensor], biases: Sequence[Optional[Tensor]],
+                 persistent: Sequence) -> List[MemoryView]:
+    """What each layer reads at one step: keys (with relative positions,
+    `positions` [slots, head_dim] of a full window) and values of the
+    memory's `window` (FeedbackMemory `memory`'s slots, one [rows, heads,
+    slots, head_dim] view per plane), its bias (of a full window: the last
+    slots are kept) and its persistent vectors."""
+    return [MemoryView(keys, values, None if bias is None else bias[..., -keys.size(2):], vectors)
+            for (keys, values), bias, vectors in zip(
+                memory.layer_keys_values(window, lambda k: with_positions(k, positions)), biases, persistent)]
+
+
+def reference_step(x: Tensor, views: Sequence[MemoryView], layers: Sequence,
+                   encoder_kv: Sequence[Optional[Tuple[Tensor, Tensor]]], encoder_bias: Optional[Tensor], memory,
+                   weights: Tensor) -> Tuple[Tensor, Tensor]:
+    """One step through every layer, each reading its view of the memory,
+    x_t^{l+1} = Layer_l(x_t^l, memory): the top layer's output, and the
+    step's memory vector m_t (eq. 1, FeedbackMemory `memory` with `weights`)."""
+    states = [x]
+    for layer, view, kv in zip(layers, views, encoder_kv):
+        if layer is not None:
+            x = layer.forward_memory(x, view, kv, encoder_bias)
+        states.append(x)  # a left-out layer passes its input on
+    return x, memory(states, weights)
+
+
+class ReferenceLoop:
+    """FeedbackDecoder.feedback_loop for one block, step by step; its
+    arguments as FusedFeedbackLoop takes them. Each step appends the keys
+    and values of its memory vector to `buffer` and reads the window of the
+    last `span`."""
+
+    def __init__(self, memory, layers: Sequence, buffer: KeyValueBuffer, window: Tuple[Tensor, ...], span: int,
+                 positions: Optional[Tensor], span_biases: Sequence[Optional[Tensor]], weights: Tensor):
+        self.memory, self.layers, self.buffer, self.window, self.span = memory, layers, buffer, window, span
+        self.positions, self.span_biases, self.weights = positions, span_biases, weights
+
+    def __call__(self, x: Tensor, encoder_kv: Optional[Tensor], encoder_bias: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+        """The top layer's outputs and the memory vectors, [steps, rows, embed] each."""
+        persistent = persistent_vectors(self.layers)
+        encoder_kv = per_layer(encoder_kv, len(self.layers))
+        window, outputs, memories = self.window, [], []
+        for h in x.unbind(0):  # not x[t]: each index's backward fills a gradient of all of x
+            views = memory_views(self.memory, window, self.positions, self.span_biases, persistent)
+            h, m = reference_step(h, views, self.layers, encoder_kv, encoder_bias, self.memory, self.weights)
+            window = self.buffer.append(self.memory.project(m.unsqueeze(0)), self.span)
+            outputs.append(h)
+            memories.append(m)
+        return torch.stack(outputs), torch.stack(memories)
