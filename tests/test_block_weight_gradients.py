@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch import nn
 
-from fairseq_feedback.modules.block_weight_gradients import weight_gradients_per_block
+from fairseq_feedback.loop.block_weight_gradients import weight_gradients_per_block
 
 
 def steps_through(linear, xs, unused_step=None):

@@ -1,5 +1,5 @@
 """The CUDA-graph path never gives a wrong number, checked on the CPU through
-the stand-in for the CUDA calls (modules/cuda_graphs/backends.py), which
+the stand-in for the CUDA calls (fairseq_feedback/cuda_graphs/backends.py), which
 takes the path a GPU takes: warm-up forward and backward, capture, replays
 into static outputs that graphs sharing a pool overwrite, the checks. A graph
 that fails at any stage, or disagrees with eager, gives way to the eager
@@ -9,6 +9,7 @@ earlier one left in the static memory; a forward awaiting its backward is
 never overwritten; the byte bound counts what graphs hold; and a real
 corpus's batches fit the cache in a few shapes."""
 
+import ast
 import gc
 import json
 import logging
@@ -23,12 +24,13 @@ from helpers import (PLUGIN, assert_same_hypotheses, assert_same_loss_and_gradie
                      run, run_as_a_user, run_module, search, tiny_translation_model)
 from torch import nn
 
-from fairseq_feedback.models.graphed_loop import GraphedFeedbackLoop
+from fairseq_feedback.loop.graphed_loop import GraphedFeedbackLoop
 from fairseq_feedback.loop.fused_block import BlockFunction
-from fairseq_feedback.modules import block_weight_gradients
-from fairseq_feedback.modules.cuda_graphs import GraphCache, GraphedFunction, RecordedGraphBackend
-from fairseq_feedback.modules.cuda_graphs.backends import SharedPool
-from fairseq_feedback.modules.cuda_graphs.graphed_function import (AFTER_ANOTHER_GRAPH, FIRST_REPLAY, FULLY_CHECKED,
+from fairseq_feedback.loop import block_weight_gradients
+from fairseq_feedback import cuda_graphs
+from fairseq_feedback.cuda_graphs import GraphCache, GraphedFunction, RecordedGraphBackend
+from fairseq_feedback.cuda_graphs.backends import SharedPool
+from fairseq_feedback.cuda_graphs.graphed_function import (AFTER_ANOTHER_GRAPH, FIRST_REPLAY, FULLY_CHECKED,
                                                                    MAX_UNJUDGED, NEW_INPUTS)
 
 BATCHES = Path(__file__).parent / "data" / "debian_de_en_batches.json"
@@ -90,7 +92,7 @@ def fail_at(monkeypatch, cls, method, when):
 def fail_inside_capture(monkeypatch, nth: int):
     """The stand-in's `nth` capture (1: the first graph's forward, 2: its
     backward) records a function that fails, as a host sync would on a GPU."""
-    capture, count = RecordedGraphBackend._capture, iter(range(1, 10**6))
+    capture, count = RecordedGraphBackend.capture_graph, iter(range(1, 10**6))
 
     def failing():
         raise RuntimeError("CUDA out of memory (injected)")
@@ -98,7 +100,17 @@ def fail_inside_capture(monkeypatch, nth: int):
     def capture_or_fail(self, fn, owner):
         return capture(self, failing if next(count) == nth else fn, owner)
 
-    monkeypatch.setattr(RecordedGraphBackend, "_capture", capture_or_fail)
+    monkeypatch.setattr(RecordedGraphBackend, "capture_graph", capture_or_fail)
+
+
+def test_the_graph_package_is_general_code_that_imports_nothing_of_this_project():
+    package = Path(cuda_graphs.__file__).parent
+    for module in package.glob("*.py"):
+        for node in ast.walk(ast.parse(module.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                assert node.level <= 1 and not (node.module or "").startswith("fairseq"), (module.name, node.module)
+            elif isinstance(node, ast.Import):
+                assert not any(alias.name.startswith("fairseq") for alias in node.names), module.name
 
 
 # --- the stand-in fails where a GPU would ---------------------------------------------------------
@@ -182,7 +194,7 @@ def test_an_evicted_graph_is_released_there_and_then():
 # the two Functions whose backward consumes per-block state: the fused block's, and (for options it does not
 # cover, here persistent vectors) the per-block weight gradients of the loop run through autograd
 BLOCK_BACKWARDS = {"fused block": ([], BlockFunction, lambda ctx: ctx.loop),
-                   "through autograd": (["--persistent-vectors", "2"], block_weight_gradients._BlockWeights,
+                   "through autograd": (["--persistent-vectors", "2"], block_weight_gradients.BlockWeights,
                                         lambda ctx: ctx.block)}
 
 
@@ -236,8 +248,8 @@ FAILURES = {
     "backward capture": lambda m: fail_inside_capture(m, 2),
     "first replay": lambda m: fail_at(m, RecordedGraphBackend, "replay", lambda n, a, k: n == 1),
     "backward replay": lambda m: fail_at(m, RecordedGraphBackend, "replay", lambda n, a, k: n == 2),
-    "check's eager forward": lambda m: fail_at(m, GraphedFunction, "_forward", lambda n, a, k: n == 1),
-    "check's eager backward": lambda m: fail_at(m, GraphedFunction, "_backward", lambda n, a, k: n == 1),
+    "check's eager forward": lambda m: fail_at(m, GraphedFunction, "forward_eagerly", lambda n, a, k: n == 1),
+    "check's eager backward": lambda m: fail_at(m, GraphedFunction, "gradients", lambda n, a, k: n == 1),
     "later replay": lambda m: fail_at(m, RecordedGraphBackend, "replay", lambda n, a, k: n == 5),  # the 4th call
     "outputs differ": lambda m: replays_then(m, lambda graph, n: n == 1 and graph.outputs[0].add_(1)),
     "gradients differ": lambda m: replays_then(m, lambda graph, n: n == 2 and [g.mul_(2) for g in graph.outputs
@@ -312,13 +324,13 @@ def test_a_search_whose_graph_disagrees_continues_eagerly_with_the_eager_hypothe
 # --- what the checks see ------------------------------------------------------------------------------
 
 def test_a_graph_is_checked_at_its_first_replay_at_new_inputs_and_after_another_graphs_replay(monkeypatch):
-    judge, judged = GraphedFunction._judge, []
+    judge, judged = GraphedFunction.judge, []
 
     def recorded(self, what, got, expected):
         judged.append(self.shape)
         return judge(self, what, got, expected)
 
-    monkeypatch.setattr(GraphedFunction, "_judge", recorded)
+    monkeypatch.setattr(GraphedFunction, "judge", recorded)
     cache = stand_in_cache()
     for name in "AAABBAA":
         cache(name, lambda x: (x + 1,), [torch.randn(3)], shape=name)

@@ -15,9 +15,9 @@ from helpers import (DEPTHS, assert_same_hypotheses, assert_same_loss_and_gradie
                      make_dictionary, search, tiny_lm, tiny_translation_model)
 
 from fairseq_feedback.errors import FeedbackUsageError
-from fairseq_feedback.models.graphed_decoding import CACHED_DECODING_BUFFERS
-from fairseq_feedback.models.graphed_loop import GraphedFeedbackLoop
-from fairseq_feedback.modules.cuda_graphs import bucket
+from fairseq_feedback.loop.graphed_decoding import CACHED_DECODING_BUFFERS
+from fairseq_feedback.loop.graphed_loop import GraphedFeedbackLoop
+from fairseq_feedback.cuda_graphs import bucket
 
 OPTIONS = {
     "shared kv": [],

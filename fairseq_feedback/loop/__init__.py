@@ -1,4 +1,5 @@
-"""The feedback loop (section 3.3): the model's per-token recurrence, run two ways.
+"""The feedback loop (section 3.3): the model's per-token recurrence, run two
+ways, eagerly or replayed as CUDA graphs.
 
     FeedbackDecoder.feedback_loop (models/feedback_decoder.py), once per block
         |
@@ -20,8 +21,20 @@
                                        with dropout, MemoryWindows (relative positions),
                                        Mixing (eq. 1); StepRecords, what a piece keeps
 
+    FeedbackDecoder.decode, with --cuda-graphs (the graphs themselves: fairseq_feedback/cuda_graphs)
+        |
+        +-- graphed_loop.py          GraphedFeedbackLoop: a block at bucketed shapes, one graph per
+        |     |                      bucket; block_weight_gradients.py, the reference loop's linear
+        |     |                      layers' weight gradients once per block, in graphs
+        |     |
+        |     +-- graphed_decoding.py  a search's step per token over static_memory.py, a ring of
+        |                              fixed shape masked by distance
+        |
+        +-- host.py          LoopHost: what the decoder gives these runners, named once
+
 Both loops compute the same outputs and gradients (tests/test_fused_loop.py;
 each piece against autograd: tests/test_loop_pieces.py). Nothing here holds
 the decoder: a loop gets the decoder's FeedbackMemory, its layers and what
-they read.
+they read; a graphed runner gets the decoder (a LoopHost) with each call, and
+a graph's function holds it by a weak reference.
 """

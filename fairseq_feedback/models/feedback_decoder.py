@@ -31,7 +31,7 @@ from ..modules.memory_view import SlotDistances
 from ..modules.memory_decoder_layer import MemoryDecoderLayer, per_layer
 from ..modules.feedback_memory import FeedbackMemory
 from ..modules.key_value_buffer import KeyValueBuffer
-from .graphed_loop import GraphedFeedbackLoop
+from ..loop.graphed_loop import GraphedFeedbackLoop
 from .memory_decoder import IncrementalState, MemoryDecoder
 
 logger = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ class FeedbackDecoder(MemoryDecoder):
         """How the loop runs (--cuda-graphs): "off" eagerly; "auto" as CUDA
         graphs on a GPU, eagerly elsewhere; "emulate" through the same path
         as on a GPU, with a stand-in for the CUDA calls, on any device
-        (graphed_loop.py)."""
+        (loop/graphed_loop.py)."""
         self.graphed = None if mode == "off" else GraphedFeedbackLoop(mode)
 
     def use_fused_block(self, use: bool) -> None:
@@ -167,7 +167,7 @@ class FeedbackDecoder(MemoryDecoder):
                       layers: List[Optional[MemoryDecoderLayer]], encoder_kv: Optional[Tensor],
                       encoder_bias: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
         """One step over a window of slots that lie `distance` steps back
-        (a ring of fixed shape, for CUDA graphs: static_memory.py), those
+        (a ring of fixed shape, for CUDA graphs: loop/static_memory.py), those
         out of span masked: the top layer's output, and the keys and values
         of m_t [1, planes, rows, heads, head_dim]. A search's step runs the
         fused layers, which keep nothing for a backward and draw no dropout."""

@@ -24,8 +24,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..errors import FeedbackUsageError
-from ..modules.cuda_graphs import GraphCache, autocast_dtype, bucket_wide
-from ..modules.static_memory import StaticMemory
+from ..cuda_graphs import GraphCache, autocast_dtype, bucket_wide
+from .host import Layers, LoopHost
+from .static_memory import StaticMemory
 
 # Static memories and encoder buffers that no cached graph was captured over
 # are dropped once more than this many are kept (a beam of 128 sentences: tens of MB each).
@@ -42,11 +43,11 @@ class GraphedDecoding:
         self.searches = 0
         self.serving = (0, None)  # (search, key of its static memory): one search at a time
 
-    def serves(self, decoder, incremental_state) -> bool:
+    def serves(self, decoder: LoopHost, incremental_state) -> bool:
         """Whether this search runs over a static memory (it started here)."""
         return decoder.get_incremental_state(incremental_state, "static_memory") is not None
 
-    def decode(self, decoder, x: Tensor, span: int, layers: List, encoder_kv: Optional[Tensor],
+    def decode(self, decoder: LoopHost, x: Tensor, span: int, layers: Layers, encoder_kv: Optional[Tensor],
                encoder_bias: Optional[Tensor], incremental_state) -> Tensor:
         """fairseq's incremental decoding of the new tokens x [time, rows,
         embed], one captured step each; returns the top layer's outputs."""
@@ -55,7 +56,7 @@ class GraphedDecoding:
             state = self._start(decoder, x, span, encoder_kv, decoder.hypotheses_per_sentence(incremental_state))
             decoder.set_incremental_state(incremental_state, "static_memory", state)
         rows, hypotheses = int(state["rows"]), int(state["hypotheses"])
-        parameters = tuple(p.data_ptr() for p in decoder.parameters())  # moved or converted: the graphs are stale
+        parameters = tuple(p.data_ptr() for p in decoder.loop_parameters())  # moved or converted: the graphs are stale
         autocast = autocast_dtype(x.device.type)
         decoder = weakref.proxy(decoder)  # a graph's function must not hold what holds its cache
         outputs = []
@@ -85,7 +86,7 @@ class GraphedDecoding:
             state["steps"] += 1
         return torch.stack(outputs)
 
-    def _start(self, decoder, x: Tensor, span: int, encoder_kv: Optional[Tensor], hypotheses: int):
+    def _start(self, decoder: LoopHost, x: Tensor, span: int, encoder_kv: Optional[Tensor], hypotheses: int):
         """A new search: a static memory holding m_{-1}, of the search's rows
         and of a capacity for twice its padded source (or its prefix)."""
         self.searches += 1
@@ -114,7 +115,7 @@ class GraphedDecoding:
                 "the next, or decode eagerly: --model-overrides \"{'cuda_graphs': 'off'}\"")
         return key, self.memories[key]
 
-    def reorder(self, decoder, incremental_state, new_order: Tensor) -> None:
+    def reorder(self, decoder: LoopHost, incremental_state, new_order: Tensor) -> None:
         """Beam search's new order of the rows, in place: the rows of
         finished sentences are cleared and stay, as padding."""
         state = decoder.get_incremental_state(incremental_state, "static_memory")

@@ -31,7 +31,7 @@ would go wrong on a GPU goes wrong here too:
   to what owns it), as a CUDA graph holds only kernels and addresses.
 
 A failed capture is recovered in one place, `capture`, whichever backend:
-what the device needs (`_recover`) before anything else runs.
+what the device needs (`recover`) before anything else runs.
 """
 
 import contextlib
@@ -64,7 +64,7 @@ def device_memory(device: torch.device) -> int:
 
 class GraphBackend:
     """A device's graphs: capture, replay, release. A capture that fails
-    leaves the device as it was before it (`_recover`), then raises."""
+    leaves the device as it was before it (`recover`), then raises."""
 
     def __init__(self, device: torch.device):
         self.device, self.generator = device, default_generator(device)
@@ -73,19 +73,21 @@ class GraphBackend:
         """A graph of fn(), and fn's outputs as the graph's replays will write
         them; `owner`'s graphs never overlap one another in the pool."""
         try:
-            return self._capture(fn, owner)
+            return self.capture_graph(fn, owner)
         except BaseException:
-            self._recover()
+            self.recover()
             raise
 
     def unsupported(self) -> Optional[str]:
         """Why this device cannot capture safely in this process, or None."""
         return None
 
-    def _capture(self, fn: CapturedFunction, owner) -> Tuple[object, Outputs]:
+    def capture_graph(self, fn: CapturedFunction, owner) -> Tuple[object, Outputs]:
+        """The device's capture, which may fail as the device's fail."""
         raise NotImplementedError
 
-    def _recover(self) -> None:
+    def recover(self) -> None:
+        """What the device needs after a failed capture, before anything else runs."""
         raise NotImplementedError
 
 
@@ -108,7 +110,7 @@ class CudaGraphBackend(GraphBackend):
                     "(it has no Generator.graphsafe_set_state); CUDA graphs stay off in this process")
         return None
 
-    def _capture(self, fn: CapturedFunction, owner) -> Tuple[torch.cuda.CUDAGraph, Outputs]:  # CUDA only
+    def capture_graph(self, fn: CapturedFunction, owner) -> Tuple[torch.cuda.CUDAGraph, Outputs]:  # CUDA only
         graph = torch.cuda.CUDAGraph()
         self.stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self.stream):  # the current stream comes back however the capture ends
@@ -120,7 +122,7 @@ class CudaGraphBackend(GraphBackend):
         torch.cuda.current_stream(self.device).wait_stream(self.stream)
         return graph, outputs
 
-    def _recover(self) -> None:  # CUDA only
+    def recover(self) -> None:  # CUDA only
         # The allocator stops routing the capture stream's allocations to the
         # pool (capture_end raised before it could), and the generator gets a
         # fresh state: before torch 2.13 the old one stays in capture mode, and
@@ -219,7 +221,7 @@ class RecordedGraphBackend(GraphBackend):
         self.pool = SharedPool(device)
         self.stuck: Optional[_GeneratorInCaptureMode] = None  # what a failed capture left on the generator
 
-    def _capture(self, fn: CapturedFunction, owner) -> Tuple[RecordedGraph, Outputs]:
+    def capture_graph(self, fn: CapturedFunction, owner) -> Tuple[RecordedGraph, Outputs]:
         capture = _Capture()
         _capturing.append(capture)
         try:
@@ -237,7 +239,7 @@ class RecordedGraphBackend(GraphBackend):
         graph = RecordedGraph(fn, self.pool.place(owner, outputs))
         return graph, graph.outputs
 
-    def _recover(self) -> None:
+    def recover(self) -> None:
         if self.stuck is not None:
             _remove(self.stuck)
             self.stuck = None

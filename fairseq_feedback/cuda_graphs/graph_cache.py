@@ -42,7 +42,9 @@ def _log_last_line(statistics: CacheStatistics) -> None:
 class GraphCache:
     """Functions captured as graphs by `backend` (backends.py), by shape key,
     the least recently used dropped past `max_graphs` or `max_bytes`
-    (default: a quarter of the device's memory)."""
+    (default: a quarter of the device's memory). With `max_graphs` 0, every
+    call runs eagerly, at the shapes the graphs would have: the reference
+    that graphs are compared with where dropout draws by shape."""
 
     def __init__(self, backend, name: str, max_graphs: int = 64, max_bytes: Optional[int] = None):
         self.backend, self.name, self.max_graphs = backend, name, max_graphs
@@ -68,7 +70,7 @@ class GraphCache:
         failed, or while another forward awaits its backward. `shape`: the
         key in words, for the log."""
         self._give_up_failed_graphs()
-        if self.failed is not None or self.ledger.awaiting_backward():
+        if self.failed is not None or self.max_graphs == 0 or self.ledger.awaiting_backward():
             return tuple(fn(*inputs))
         graphed = self.graphs.get(key)
         self.statistics.lookup(key, hit=graphed is not None)

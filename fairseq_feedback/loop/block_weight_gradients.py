@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..loop.fallback import has_forward_pre_hooks
+from .fallback import has_forward_pre_hooks
 
 
 @contextlib.contextmanager
@@ -56,13 +56,13 @@ class _BlockLinear:
     def __init__(self, linear: nn.Linear):
         self.inputs: List[Tensor] = []
         self.grads: Dict[int, Tensor] = {}
-        self.weight, self.bias = _BlockWeights.apply(self, linear.weight, linear.bias)
+        self.weight, self.bias = BlockWeights.apply(self, linear.weight, linear.bias)
 
     def __call__(self, x: Tensor) -> Tensor:
         return _StepLinear.apply(x, self.weight, self.bias, self)
 
 
-class _BlockWeights(torch.autograd.Function):
+class BlockWeights(torch.autograd.Function):
     @staticmethod
     @torch.amp.custom_fwd(device_type="cuda")
     def forward(ctx, block: _BlockLinear, weight: Tensor, bias):

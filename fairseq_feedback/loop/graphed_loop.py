@@ -8,7 +8,7 @@ outputs are cut off before anything reads them, so its gradients are zero
 and it changes no loss or gradient. One graph per bucket (and per span,
 dtype, training or not) is captured at its first use, checked against the
 eager loop, and kept in a cache bounded in graphs and bytes
-(modules/cuda_graphs). Buckets are few: rows and source positions go up to
+(fairseq_feedback/cuda_graphs). Buckets are few: rows and source positions go up to
 a power of two, and training under LayerDrop (a pattern of kept layers per
 block) runs eagerly.
 
@@ -18,22 +18,22 @@ the same cache.
 What differs from the eager loop is only where shapes come from; the loop
 and its step are the decoder's. The CUDA calls are the backend's: on a GPU
 the real ones, and with --cuda-graphs emulate, on any device, a stand-in
-that runs the same path (modules/cuda_graphs/backends.py).
+that runs the same path (fairseq_feedback/cuda_graphs/backends.py).
 """
 
 import contextlib
 import logging
 import weakref
-from typing import List, Optional
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..modules.block_weight_gradients import weight_gradients_per_block
-from ..modules.cuda_graphs import (CudaGraphBackend, GraphCache, RecordedGraphBackend, autocast_dtype, bucket,
-                                   bucket_wide)
+from ..cuda_graphs import CudaGraphBackend, GraphCache, RecordedGraphBackend, autocast_dtype, bucket, bucket_wide
+from .block_weight_gradients import weight_gradients_per_block
 from .graphed_decoding import GraphedDecoding
+from .host import Layers, LoopHost
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +61,8 @@ class GraphedFeedbackLoop:
             self.decoding = GraphedDecoding(self.cache)
         return self.cache
 
-    def run(self, decoder, x, previous, span, layers, encoder_kv, encoder_bias, incremental_state):
+    def run(self, decoder: LoopHost, x: Tensor, previous: Tensor, span: int, layers: Layers,
+            encoder_kv: Optional[Tensor], encoder_bias: Optional[Tensor], incremental_state):
         """FeedbackDecoder.run_eagerly's results, from the graphs where they
         can serve: the top layer's outputs and the memory vectors (None when
         decoding). A search under way stays where it started."""
@@ -74,7 +75,7 @@ class GraphedFeedbackLoop:
             return self.block(decoder, x, previous, span, layers, encoder_kv, encoder_bias)
         return decoder.run_eagerly(x, previous, span, layers, encoder_kv, encoder_bias, incremental_state)
 
-    def _all_kept(self, layers: List) -> bool:
+    def _all_kept(self, layers: Layers) -> bool:
         """LayerDrop's 2^layers patterns would each need a graph: such blocks run eagerly."""
         if None not in layers:
             return True
@@ -84,7 +85,7 @@ class GraphedFeedbackLoop:
                            "training blocks run eagerly, without CUDA graphs")
         return False
 
-    def reorder(self, decoder, incremental_state, new_order: Tensor) -> None:
+    def reorder(self, decoder: LoopHost, incremental_state, new_order: Tensor) -> None:
         if self.decoding is not None:
             self.decoding.reorder(decoder, incremental_state, new_order)
 
@@ -92,8 +93,8 @@ class GraphedFeedbackLoop:
         if self.cache is not None:
             self.cache.log_statistics()
 
-    def block(self, decoder, x: Tensor, previous: Tensor, span: int, layers: List, encoder_kv: Optional[Tensor],
-              encoder_bias: Optional[Tensor]):
+    def block(self, decoder: LoopHost, x: Tensor, previous: Tensor, span: int, layers: Layers,
+              encoder_kv: Optional[Tensor], encoder_bias: Optional[Tensor]):
         """FeedbackDecoder.feedback_loop on the block x [time, batch, embed],
         over a memory started from the last `span` of the memory vectors
         `previous`."""

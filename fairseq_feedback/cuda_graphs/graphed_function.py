@@ -277,11 +277,11 @@ class GraphedFunction:
         self.forward_graph = self.backward_graph = None
         self.outputs = self.grads = ()
 
-    def _forward(self, fn: Callable) -> Outputs:
+    def forward_eagerly(self, fn: Callable) -> Outputs:
         """fn on the static inputs, eagerly."""
         return _run(fn, self.inputs, self.autocast, self.device_type, self.training)
 
-    def _backward(self, outputs: Outputs, grad_outputs: Sequence[Tensor]) -> Outputs:
+    def gradients(self, outputs: Outputs, grad_outputs: Sequence[Tensor]) -> Outputs:
         return _gradients(outputs, grad_outputs, self.grad_targets, self.device_type)
 
     def _restore(self, saved: Sequence[Tensor]) -> None:
@@ -334,7 +334,7 @@ class GraphedFunction:
                 self.eager_passes += 1
                 with stage("the check's eager forward"):
                     expected = self._rerun(fn, rng, before)
-                judged = self._judge("outputs", self.outputs, expected)
+                judged = self.judge("outputs", self.outputs, expected)
         except GraphFailure as e:
             failure = e
         if failure is not None:  # outside the except: nothing of the failure is held while eager runs
@@ -352,7 +352,7 @@ class GraphedFunction:
         """This call's eager computation, from the random state `rng` and decoding state `state`."""
         self.generator.set_state(rng)
         self._restore(state)
-        return self._forward(fn)
+        return self.forward_eagerly(fn)
 
     def replay_backward(self, ctx, grad_outputs: Sequence[Tensor]) -> List[Optional[Tensor]]:
         self.ledger.backward_done()
@@ -366,7 +366,7 @@ class GraphedFunction:
                                    "--cuda-graphs off")
             grads = self._eager_gradients(ctx, grad_outputs)
         elif ctx.eager:
-            grads = self._backward(ctx.expected, grad_outputs)
+            grads = self.gradients(ctx.expected, grad_outputs)
         else:
             failure = None
             try:
@@ -392,8 +392,8 @@ class GraphedFunction:
         self.replays_seen = self.ledger.replayed()
         if ctx.expected is not None:
             with stage("the check's eager backward"):
-                eager = self._backward(ctx.expected, grad_outputs)
-            if self._judge("gradients", self.grads, eager) and ctx.judged:
+                eager = self.gradients(ctx.expected, grad_outputs)
+            if self.judge("gradients", self.grads, eager) and ctx.judged:
                 self.pending -= ctx.due
         return self.grads
 
@@ -404,9 +404,9 @@ class GraphedFunction:
         after = self.generator.get_state()
         outputs = self._rerun(ctx.fn, ctx.rng, ())
         self.generator.set_state(after)
-        return self._backward(outputs, grad_outputs)
+        return self.gradients(outputs, grad_outputs)
 
-    def _judge(self, what: str, got: Outputs, expected: Outputs) -> bool:
+    def judge(self, what: str, got: Outputs, expected: Outputs) -> bool:
         """Whether the graph's `got` passed against eager's `expected`: False
         if the step cannot be judged (eager's not finite); raises GraphFailure
         if they differ (the graph's alone not finite, too), or after
