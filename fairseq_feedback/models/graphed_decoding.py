@@ -82,8 +82,8 @@ class GraphedDecoding:
         """A new search: a static memory holding m_{-1}, in the bucket of its rows."""
         self.searches += 1
         steps, rows, _ = x.shape
-        state = {"search": torch.tensor(self.searches), "rows": torch.tensor(rows), "steps": torch.tensor(0),
-                 "hypotheses": torch.tensor(hypotheses)}
+        state = {"search": torch.tensor(self.searches, device="cpu"), "rows": torch.tensor(rows, device="cpu"),
+                 "steps": torch.tensor(0, device="cpu"), "hypotheses": torch.tensor(hypotheses, device="cpu")}
         capacity = min(max(16, 2 ** steps.bit_length()), span + 1)
         initial = decoder.empty_memory(bucket_wide(rows // hypotheses) * hypotheses, like=x)
         self._take(state, initial.size(2), capacity, like=initial).start(initial)
@@ -115,7 +115,7 @@ class GraphedDecoding:
         rows = bucket_wide(len(new_order) // hypotheses) * hypotheses
         target = memory if rows == memory.rows else self._take(state, rows, memory.capacity, like=memory.slots)
         memory.copy_to(target, new_order, int(state["steps"]))
-        state["rows"] = torch.tensor(len(new_order))
+        state["rows"] = torch.tensor(len(new_order), device="cpu")
 
     def _static_encoder(self, encoder_kv, encoder_bias, sentences: int):
         """The encoder's keys/values and mask in buffers of the bucket's
