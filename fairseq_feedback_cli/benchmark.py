@@ -14,24 +14,36 @@ one process, the two models' calls interleaved, and each rate is taken from
 the median call: the ratios compare architectures, not machines or moments.
 
 On a GPU the feedback models replay their per-token loop as CUDA graphs, and
-a third row runs them eagerly (--no-cuda-graphs) for comparison. Two more
-columns come from a profile of one training step: kernels per target step
-(a position of every row; on the CPU: operators dispatched, the count a GPU
-would launch, the feedback loop's as a GPU replays it) and the share of the
-step's wall time during which the GPU runs a kernel.
+a third row runs them eagerly (--no-cuda-graphs) for comparison; the graphs'
+rows say what capturing cost apart from the rates: the seconds that the calls
+which captured graphs took beyond a steady call, and the graphs' memory
+(--cuda-graphs emulate shows the same on the CPU, through the stand-in for
+capture). Two more columns come from a profile of one training step: kernels
+per target step (a position of every row; on the CPU: operators dispatched,
+the count a GPU would launch, the feedback loop's as a GPU replays it) and
+the share of the step's wall time during which the GPU runs a kernel.
+
+fp16 and bf16 train as fairseq-train --fp16 and --bf16 do (fp32 master
+weights, and for fp16 a dynamic loss scale), on any device. Every result is
+checked to be finite before a rate is reported, and the weights and logits
+before a search: one that is not ends the run in one line naming the model
+and the phase.
 """
 
 import argparse
 import collections
 import contextlib
+import logging
 import statistics
 import time
-from typing import Optional
+from typing import Callable, Dict, List, Optional
 
 import torch
 import torch.nn.functional as F
 from fairseq import search
+from fairseq.optim import FP16Optimizer
 from fairseq.sequence_generator import SequenceGenerator
+from torch import Tensor
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -41,6 +53,8 @@ from fairseq_feedback.models.feedback_decoder import FeedbackDecoder
 from . import builders
 from .builders import make_dictionary, size_flags
 from .command_line import ArgumentParser, check_at_least, fail
+
+logger = logging.getLogger(__name__)
 
 PRESETS = {
     # the targets' settings: translation at base widths with a 6-layer decoder
@@ -67,27 +81,112 @@ PRESETS = {
     ),
 }
 BEAM = 5
+LEARNING_RATE = 1e-4
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 def synchronize():
-    if torch.cuda.is_initialized():
+    if torch.cuda.is_initialized():  # CUDA only
         torch.cuda.synchronize()
 
 
-def interleaved_rates(workloads, repeats):
+class NotFinite(Exception):
+    """A result that is not finite: one line naming the model and the phase."""
+
+
+class FiniteResults:
+    """Whether each model's results of each phase were all finite, gathered
+    on the device as the calls run (a timed call never waits for the GPU)
+    and checked before a rate is reported."""
+
+    def __init__(self):
+        self.finite: Dict[tuple, Tensor] = {}  # (model, phase) -> a boolean on the device
+
+    def record(self, model: str, phase: str, result: Tensor) -> None:
+        finite = torch.isfinite(result).all()
+        key = (model, phase)
+        self.finite[key] = finite if key not in self.finite else self.finite[key] & finite
+
+    def check(self) -> None:
+        for (model, phase), finite in self.finite.items():
+            if not finite:
+                raise NotFinite(f"{model}: {phase} gave values that are not finite, so no rate is reported "
+                                "(in fp16, try bf16 or fp32)")
+
+
+@torch.no_grad()
+def check_before_search(name: str, phase: str, model, forward: Callable[[], Tensor]) -> None:
+    """The weights and the logits of `forward()` are finite: a search over
+    non-finite ones ends in a device-side assert on a GPU (sampling) or a
+    search that never finishes, neither naming the model. The forward runs
+    eagerly: no graph is captured outside the timed calls."""
+    model.eval()
+    with feedback_loop_in_mode(model, "off"):
+        values = [*model.parameters(), forward()]
+    if not torch.stack([torch.isfinite(v).all() for v in values]).all():
+        raise NotFinite(f"{name}: its weights or logits are not finite before {phase}, so no rate is reported "
+                        "(in fp16, try bf16 or fp32)")
+
+
+def graph_cache(model):
+    """The feedback loop's cache of CUDA graphs (or of the stand-in's), or None: graphs off, or not started."""
+    graphed = getattr(model.decoder, "graphed", None)
+    return None if graphed is None else graphed.cache
+
+
+def graphs_captured(model) -> int:
+    cache = graph_cache(model)
+    return 0 if cache is None else cache.captured
+
+
+def awaiting_capture(model) -> bool:
+    """Whether the model's graphs run but have captured nothing yet: a shape is captured at its second sighting."""
+    cache = graph_cache(model)
+    return cache is not None and cache.captured == 0 and cache.failed is None
+
+
+WARM_UP_CALLS = 8  # at most, while calls keep capturing graphs (a stream's memory filling its span: a graph per length)
+
+
+def interleaved_rates(built, workloads, repeats, phase: str, finite: FiniteResults):
     """Tokens per second of each workload (a call returning the tokens it
-    processed), from the median of `repeats` calls made in turns."""
+    processed and a result to check), from the median of `repeats` calls
+    made in turns after warm-up calls (one, or where graphs run, until a
+    call after the first capture captures none); and for each, the seconds
+    that its warm-up calls, and any later call that captured a graph, took
+    beyond the median call.
+    `built`: the models, by name."""
     times = {name: [] for name in workloads}
-    tokens = {name: work() for name, work in workloads.items()}  # warm-up (and CUDA graphs captured)
+    beyond_steady = {name: [] for name in workloads}  # the times of warm-up calls and of calls that captured
+    tokens = {}
+
+    def call(name) -> bool:
+        """One timed call of `name`'s workload; whether it captured graphs."""
+        captured = graphs_captured(built[name])
+        synchronize()
+        start = time.perf_counter()
+        try:
+            tokens[name], result = workloads[name]()
+        except FloatingPointError as error:  # fp16's loss scale fell to fairseq's minimum
+            raise NotFinite(f"{name}: {phase}: {error}") from error
+        synchronize()
+        times[name].append(time.perf_counter() - start)
+        finite.record(name, phase, result)
+        return graphs_captured(built[name]) > captured
+
+    for name in workloads:
+        for _ in range(WARM_UP_CALLS):
+            if not call(name) and not awaiting_capture(built[name]):
+                break
+        beyond_steady[name], times[name] = times[name], []
     for _ in range(repeats):
-        for name, work in workloads.items():
-            synchronize()
-            start = time.perf_counter()
-            work()
-            synchronize()
-            times[name].append(time.perf_counter() - start)
-    return {name: tokens[name] / statistics.median(times[name]) for name in workloads}
+        for name in workloads:
+            if call(name):
+                beyond_steady[name].append(times[name][-1])
+    finite.check()
+    median = {name: statistics.median(times[name]) for name in workloads}
+    rates = {name: tokens[name] / median[name] for name in workloads}
+    return rates, {name: sum(t - median[name] for t in beyond_steady[name]) for name in workloads}
 
 
 class _CountOps(TorchDispatchMode):
@@ -119,20 +218,33 @@ class _CountOps(TorchDispatchMode):
 
 
 @contextlib.contextmanager
-def loop_as_a_gpu_replays_it(model):
-    """A feedback decoder's loop through the CUDA-graph path, with the
-    stand-in for capture (bucketed shapes, weight gradients once per block):
-    on the CPU, the operators a GPU would replay rather than those of the
-    eager loop."""
+def feedback_loop_in_mode(model, mode: str):
+    """Within, a feedback decoder's loop runs as --cuda-graphs `mode` says
+    ("off", "emulate"; a cache of its own), then as before. Other models
+    run as they are."""
     decoder = model.decoder
     if not isinstance(decoder, FeedbackDecoder):
         yield
         return
-    decoder.use_cuda_graphs("emulate")
+    before = decoder.graphed
+    decoder.use_cuda_graphs(mode)
     try:
         yield
     finally:
-        decoder.use_cuda_graphs("off")
+        decoder.graphed = before
+
+
+def loop_as_a_gpu_replays_it(model):
+    """A feedback decoder that would replay its loop as CUDA graphs on a GPU
+    (--cuda-graphs auto) runs it through the graphs' path with the stand-in
+    for capture (bucketed shapes, weight gradients once per block): on the
+    CPU, the operators a GPU would replay rather than those of the eager
+    loop. A model with graphs off, or already through the stand-in, runs as
+    it is."""
+    graphed = getattr(model.decoder, "graphed", None)
+    if graphed is None or graphed.mode != "auto":
+        return contextlib.nullcontext()
+    return feedback_loop_in_mode(model, "emulate")
 
 
 def counted_as_a_gpu_replays_it(model, work, warm_up: int = 2) -> _CountOps:
@@ -151,12 +263,13 @@ def counted_as_a_gpu_replays_it(model, work, warm_up: int = 2) -> _CountOps:
 
 def kernels_and_busy_share(model, work, steps_per_call: int, device: torch.device):
     """Kernels per target step (one position of every row) of one call of
-    `work`, and the share of its
-    wall time that the GPU spends running them (measured under the profiler,
-    so a lower bound; None on the CPU, where the count is of dispatched
-    operators, the feedback loop's as a GPU replays it)."""
+    `work`, and the share of its wall time that the GPU spends running them
+    (measured under the profiler, so a lower bound; None on the CPU, where
+    the count is of dispatched operators, the feedback loop's as a GPU
+    replays it)."""
     if device.type != "cuda":
         return counted_as_a_gpu_replays_it(model, work).count / steps_per_call, None
+    # CUDA only, from here: the profiler's kernels
     work()
     synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -174,11 +287,13 @@ def kernels_and_busy_share(model, work, steps_per_call: int, device: torch.devic
 
 
 def random_tokens(dictionary, rows, length, generator):
-    return torch.randint(dictionary.nspecial, len(dictionary), (rows, length), generator=generator)
+    """Drawn on the generator's device (the CPU): the same tokens whatever device they are moved to."""
+    return torch.randint(dictionary.nspecial, len(dictionary), (rows, length), generator=generator,
+                         device=generator.device)
 
 
 def shifted(dictionary, tokens):
-    return torch.cat([torch.full((len(tokens), 1), dictionary.eos()), tokens[:, :-1]], dim=1)
+    return torch.cat([tokens.new_full((len(tokens), 1), dictionary.eos()), tokens[:, :-1]], dim=1)
 
 
 def build_translation_model(arch, p, dictionary, seed, extra=()):
@@ -204,13 +319,21 @@ def language_model_pairs(p):
             ("feedback_lm", "feedback_lm", ["--memory-span", str(p["span"]), *head_dim])]
 
 
-def models(pairs, build, device, dtype, reference_loop=False):
-    """Each (name, architecture, options) built on `device` in `dtype`; on a
-    GPU, each feedback model also as it runs without CUDA graphs; with
+def graphs_run(device: torch.device, cuda_graphs: str) -> bool:
+    """Whether the feedback models replay their loop as graphs: on a GPU, or through the stand-in."""
+    return cuda_graphs == "emulate" or (cuda_graphs == "auto" and device.type == "cuda")
+
+
+def models(pairs, build, device, dtype, cuda_graphs: str, reference_loop: bool = False):
+    """Each (name, architecture, options) built on `device` in `dtype`, the
+    feedback models with `--cuda-graphs cuda_graphs`; where their graphs
+    run, each feedback model also as it runs without them; with
     `reference_loop`, each feedback model also with the reference loop."""
+    pairs = [(name, arch, [*extra, "--cuda-graphs", cuda_graphs] if arch.startswith("feedback") else extra)
+             for name, arch, extra in pairs]
     feedback = [(name, arch, extra) for name, arch, extra in pairs if arch.startswith("feedback")]
-    if device.type == "cuda":
-        pairs = [*pairs, *[(f"{name} (eager)", arch, [*extra, "--no-cuda-graphs"]) for name, arch, extra in feedback]]
+    if graphs_run(device, cuda_graphs):
+        pairs += [(f"{name} (eager)", arch, [*extra, "--no-cuda-graphs"]) for name, arch, extra in feedback]
     built = {name: build(arch, extra).to(device=device, dtype=dtype) for name, arch, extra in pairs}
     if reference_loop:
         for name, arch, extra in feedback:
@@ -226,10 +349,61 @@ def with_the_reference_loop(model):
     return model
 
 
+class TorchAdam:
+    """fp32: torch's Adam steps the parameters."""
+
+    def __init__(self, params: List[Tensor]):
+        self.adam = torch.optim.Adam(params, lr=LEARNING_RATE)
+
+    def zero_grad(self):
+        self.adam.zero_grad()
+
+    def backward(self, loss: Tensor):
+        loss.backward()
+
+    def step(self):
+        self.adam.step()
+
+
+class FairseqMixedPrecision:
+    """fp16 and bf16 as `fairseq-train --fp16` / `--bf16` train: fairseq's
+    FP16Optimizer keeps fp32 master weights for fairseq's Adam (a plain Adam
+    over fp16 weights turns them NaN at once: eps 1e-8 is 0 in fp16) and,
+    for fp16, scales the loss dynamically. Each step first takes the
+    gradients' norm as fairseq-train does (--clip-norm 0: no clipping), and
+    a step whose fp16 gradients overflowed is skipped, the scale lowered."""
+
+    def __init__(self, params: List[Tensor], dtype: torch.dtype):
+        flags = ["--optimizer", "adam", "--lr", LEARNING_RATE, "--fp16" if dtype == torch.float16 else "--bf16"]
+        if params[0].device.type != "cuda":
+            flags.append("--fp16-no-flatten-grads")  # fairseq flattens the fp32 copy onto the current CUDA device
+        self.optimizer = FP16Optimizer.build_optimizer(builders.training_config(flags), params)
+
+    def zero_grad(self):
+        self.optimizer.zero_grad()
+
+    def backward(self, loss: Tensor):
+        self.optimizer.backward(loss)
+
+    def step(self):
+        try:
+            self.optimizer.clip_grad_norm(0.0)
+        except OverflowError as overflow:
+            logger.info(f"gradient overflow, step skipped: {overflow}")
+            return
+        self.optimizer.step()
+
+
+def optimizer_for(model):
+    params = [p for p in model.parameters() if p.requires_grad]
+    return TorchAdam(params) if params[0].dtype == torch.float32 else FairseqMixedPrecision(params, params[0].dtype)
+
+
 def training_step(model, forward, target):
-    """One optimizer step on `forward()`'s logits; returns the target tokens.
-    `ops`: a _CountOps that counts its phases apart."""
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+    """One optimizer step on `forward()`'s logits, as fairseq-train takes it
+    in the model's dtype; returns the target tokens and the loss. `ops`: a
+    _CountOps that counts its phases apart."""
+    optimizer = optimizer_for(model)
 
     def work(ops: Optional[_CountOps] = None):
         phase = (lambda name: contextlib.nullcontext()) if ops is None else ops.phase
@@ -239,10 +413,10 @@ def training_step(model, forward, target):
             logits = forward()
             loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), target().reshape(-1))
         with phase("backward"):
-            loss.backward()
+            optimizer.backward(loss)
         with phase("optimizer"):
             optimizer.step()
-        return target().numel()
+        return target().numel(), loss.detach()
 
     return work
 
@@ -282,7 +456,7 @@ def generation(model, dictionary, sample, length, **kwargs):
     def work():
         model.eval()
         hypos = generator.generate([model], sample, prefix_tokens=sample.get("prefix_tokens"))
-        return sum(len(nbest[0]["tokens"]) for nbest in hypos)
+        return sum(len(nbest[0]["tokens"]) for nbest in hypos), torch.stack([nbest[0]["score"] for nbest in hypos])
 
     return work
 
@@ -299,51 +473,58 @@ def tensor_bytes(state) -> int:
 @torch.no_grad()
 def state_bytes_per_token(model, encoder_out, prev):
     """Bytes of the incremental state per decoded token and hypothesis after
-    decoding `prev` and one beam reorder (which every beam-search step does)."""
+    decoding `prev` and one beam reorder (which every beam-search step does),
+    on the model's device and in its dtype. Decoded eagerly: with CUDA
+    graphs, the memory's keys and values are kept in a ring of fixed shape
+    outside the incremental state instead (static_memory.py)."""
     model.eval()
     if hasattr(model, "set_beam_size"):  # as SequenceGenerator does
         model.set_beam_size(BEAM)
     state = {}
-    for t in range(prev.size(1)):
-        model.decoder(prev[:, : t + 1], encoder_out=encoder_out, incremental_state=state)
-    model.decoder.reorder_incremental_state_scripting(state, torch.arange(len(prev)))
+    with feedback_loop_in_mode(model, "off"):
+        for t in range(prev.size(1)):
+            model.decoder(prev[:, : t + 1], encoder_out=encoder_out, incremental_state=state)
+        model.decoder.reorder_incremental_state_scripting(state, torch.arange(len(prev), device=prev.device))
     return tensor_bytes(state) / prev.numel()
 
 
-def translation(p, seed, device, dtype, reference_loop):
+def translation(p, seed, device, dtype, cuda_graphs, reference_loop):
     dictionary = make_dictionary(p["vocab"])
     g = torch.Generator().manual_seed(seed)
     src, target = (random_tokens(dictionary, p["batch"], p["length"], g).to(device) for _ in range(2))
-    lengths = torch.full((p["batch"],), p["length"], device=device)
     sentences = random_tokens(dictionary, p["beam_batch"], p["length"], g).to(device)
-    sample = {"net_input": {"src_tokens": sentences, "src_lengths": torch.full((len(sentences),), p["length"],
-                                                                               device=device)}}
+    sentence_lengths = torch.full((len(sentences),), p["length"], device=device)
+    sample = {"net_input": {"src_tokens": sentences, "src_lengths": sentence_lengths}}
     hypotheses = random_tokens(dictionary, p["beam_batch"] * BEAM, p["length"], g).to(device)
 
     built = models([("transformer", "transformer", []), ("feedback_transformer", "feedback_transformer", [])],
                    lambda arch, extra: build_translation_model(arch, p, dictionary, seed, extra), device, dtype,
-                   reference_loop)
-    train, beam, state, profiles = {}, {}, {}, {}
+                   cuda_graphs, reference_loop)
+    train = {name: translation_training(model, dictionary, src, target) for name, model in built.items()}
+    beam = {name: generation(model, dictionary, sample, p["length"], beam_size=BEAM) for name, model in built.items()}
+    state = {}
     for name, model in built.items():
-        train[name] = translation_training(model, dictionary, src, target)
-        beam[name] = generation(model, dictionary, sample, p["length"], beam_size=BEAM)
         with torch.no_grad():
             model.eval()
-            encoder_out = model.encoder(sentences.repeat_interleave(BEAM, 0),
-                                        lengths.new_full((len(hypotheses),), p["length"]))
+            encoder_out = model.encoder(sentences.repeat_interleave(BEAM, 0), sentence_lengths.repeat_interleave(BEAM))
         state[name] = state_bytes_per_token(model, encoder_out, shifted(dictionary, hypotheses))
-        profiles[name] = kernels_and_busy_share(model, train[name], p["length"], device)
-    train = interleaved_rates(train, p["repeats"])
-    beam = interleaved_rates(beam, p["repeats"])
+
+    finite = FiniteResults()
+    train_rates, train_capture = interleaved_rates(built, train, p["repeats"], "training", finite)
+    for name, model in built.items():
+        check_before_search(name, "beam search", model,
+                            lambda: model(sentences, sentence_lengths, shifted(dictionary, sentences))[0])
+    beam_rates, beam_capture = interleaved_rates(built, beam, p["repeats"], "beam search", finite)
+    profiles = {name: kernels_and_busy_share(model, train[name], p["length"], device) for name, model in built.items()}
     print_table(
         f"translation: d={p['embed_dim']} ffn={p['ffn_dim']} heads={p['heads']} layers={p['layers']}+{p['layers']}, "
         f"training batches of {p['batch']}x{p['length']} tokens, beam {BEAM} over {p['beam_batch']} sentences of "
         f"{p['length']} tokens",
-        ["train tok/s", f"beam-{BEAM} tok/s", "state B/token"],
-        [(name, train[name], beam[name], state[name]) for name in built], profiles)
+        list(built), {"train tok/s": train_rates, f"beam-{BEAM} tok/s": beam_rates, "state B/token": state},
+        profile_columns(built, profiles, [train_capture, beam_capture], device, cuda_graphs))
 
 
-def language_model(p, seed, device, dtype, reference_loop):
+def language_model(p, seed, device, dtype, cuda_graphs, reference_loop):
     dictionary = make_dictionary(p["vocab"])
     g = torch.Generator().manual_seed(seed)
     blocks = stream_blocks(dictionary, p["streams"], p["block"], g, device)
@@ -352,9 +533,9 @@ def language_model(p, seed, device, dtype, reference_loop):
                                                                             device=device)},
               "prefix_tokens": prompt}
     built = models(language_model_pairs(p), lambda arch, extra: build_language_model(arch, p, dictionary, seed, extra),
-                   device, dtype, reference_loop)
+                   device, dtype, cuda_graphs, reference_loop)
 
-    train, evaluate, sampling, profiles = {}, {}, {}, {}
+    train, evaluate, sampling = {}, {}, {}
     for name, model in built.items():
         forward, target = consecutive_blocks(model, blocks)
         train[name] = training_step(model, forward, target)
@@ -362,21 +543,32 @@ def language_model(p, seed, device, dtype, reference_loop):
         @torch.no_grad()
         def evaluation(model=model, forward=forward, target=target):
             model.eval()
-            F.cross_entropy(forward().float().reshape(-1, len(dictionary)), target().reshape(-1))
-            return target().numel()
+            loss = F.cross_entropy(forward().float().reshape(-1, len(dictionary)), target().reshape(-1))
+            return target().numel(), loss
 
         evaluate[name] = evaluation
         # within transformer_lm's positions, the prompt and EOS included
         sampling[name] = generation(model, dictionary, sample, p["block"] - 2, beam_size=1,
                                     search_strategy=search.Sampling(dictionary))
-        profiles[name] = kernels_and_busy_share(model, train[name], p["block"], device)
-    rates = [interleaved_rates(w, p["repeats"]) for w in (train, evaluate, sampling)]
+
+    finite = FiniteResults()
+    rates, captures = {}, []
+
+    def measure(column, phase, workloads):
+        rates[column], capture = interleaved_rates(built, workloads, p["repeats"], phase, finite)
+        captures.append(capture)
+
+    measure("train tok/s", "training", train)
+    measure("eval tok/s", "evaluation", evaluate)
+    for name, model in built.items():
+        check_before_search(name, "sampling", model, lambda: model(prompt)[0])
+    measure("sample tok/s", "sampling", sampling)
+    profiles = {name: kernels_and_busy_share(model, train[name], p["block"], device) for name, model in built.items()}
     print_table(
         f"language model: d={p['embed_dim']} ffn={p['ffn_dim']} heads={p['heads']} layers={p['layers']}, "
         f"{p['streams']} streams x blocks of {p['block']} (feedback span {p['span']}, memory carried), "
         f"sampling {p['sample_batch']} sequences of {p['block'] - 2} tokens",
-        ["train tok/s", "eval tok/s", "sample tok/s"],
-        [(name, *(r[name] for r in rates)) for name in built], profiles)
+        list(built), rates, profile_columns(built, profiles, captures, device, cuda_graphs))
 
 
 # --- where the operators are (--breakdown) ----------------------------------------------------------------
@@ -457,20 +649,37 @@ def breakdown(which, preset, seed, reference_loop):
             training, p["layers"], p["block"])
 
 
-def print_table(title, columns, rows, profiles):
-    """Rates per model, the feedback model's (the second row's) as a ratio to
-    fairseq's (the first), and each model's training-step profile."""
-    gpu = any(busy is not None for _, busy in profiles.values())
-    columns = [*columns, "kernels/step" if gpu else "ops/step", *(["GPU busy"] if gpu else [])]
-    width = max(30, *(len(name) + 2 for name, *_ in rows))
+def profile_columns(built, profiles, captures, device, cuda_graphs) -> Dict[str, Dict[str, str]]:
+    """Where graphs run, each graphed model's capture (the seconds its calls
+    that captured graphs took beyond steady calls, every phase's
+    `captures` summed) and its graphs' memory at the end; then each model's
+    training-step profile (`profiles`: kernels_and_busy_share's)."""
+    columns = {}
+    if graphs_run(device, cuda_graphs):
+        caches = {name: graph_cache(model) for name, model in built.items() if graph_cache(model) is not None}
+        columns["capture s"] = {name: f"{sum(c[name] for c in captures):.2f}" for name in caches}
+        columns["graphs MB"] = {name: f"{cache.nbytes() / 2**20:.1f}" for name, cache in caches.items()}
+    gpu = device.type == "cuda"
+    columns["kernels/step" if gpu else "ops/step"] = {name: f"{kernels:.1f}" for name, (kernels, _) in profiles.items()}
+    if gpu:  # CUDA only
+        columns["GPU busy"] = {name: f"{busy:.0%}" for name, (_, busy) in profiles.items()}
+    return columns
+
+
+def print_table(title, names, compared: Dict[str, Dict[str, float]], others: Dict[str, Dict[str, str]]):
+    """`compared`: figures by column and model, the feedback model's (the
+    second model's) also as a ratio to fairseq's (the first); `others`:
+    texts by column and model, "-" for a model without one."""
+    columns = [*compared, *others]
+    width = max(30, *(len(name) + 2 for name in names))
     print(title)
     print(f"{'model':{width}s}" + "".join(f"{c:>16s}" for c in columns))
-    for name, *values in rows:
-        kernels, busy = profiles[name]
-        print(f"{name:{width}s}" + "".join(f"{v:16.1f}" for v in (*values, kernels))
-              + (f"{busy:16.0%}" if gpu else ""))
-    (_, *theirs), (_, *ours) = rows[:2]
-    print(f"{'feedback / fairseq':{width}s}" + "".join(f"{o / t:16.2f}" for o, t in zip(ours, theirs)))
+    for name in names:
+        cells = [f"{compared[c][name]:.1f}" for c in compared] + [others[c].get(name, "-") for c in others]
+        print(f"{name:{width}s}" + "".join(f"{cell:>16s}" for cell in cells))
+    theirs, ours = names[:2]
+    print(f"{'feedback / fairseq':{width}s}" + "".join(f"{compared[c][ours] / compared[c][theirs]:16.2f}"
+                                                       for c in compared))
     print()
 
 
@@ -482,7 +691,12 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32",
-                        help="the models' parameters and activations (fp16: on a GPU)")
+                        help="the models' parameters and activations; fp16 and bf16 train as fairseq-train --fp16 "
+                             "and --bf16 do (fp32 master weights, and for fp16 a dynamic loss scale)")
+    parser.add_argument("--cuda-graphs", choices=["auto", "off", "emulate"], default="auto",
+                        help="the feedback models' --cuda-graphs: auto, graphs on a GPU; emulate, the graphs' path "
+                             "through the stand-in for capture on any device. Where graphs run, each feedback model "
+                             "also runs eagerly, and the capture's cost is reported apart")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--breakdown", action="store_true",
                         help="instead of the rates: the feedback models' operators per target step of a training "
@@ -495,8 +709,6 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         fail("--device cuda: no GPU is visible to torch")
-    if args.dtype == "fp16" and args.device == "cpu":
-        fail("--dtype fp16 needs --device cuda (use bf16 on the CPU)")
     check_at_least(args, threads=1)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -506,10 +718,15 @@ def main(argv=None):
     if args.breakdown:
         breakdown(args.only, args.preset, args.seed, args.reference_loop)
         return
-    if args.only in (None, "translation"):
-        translation(PRESETS[args.preset]["translation"], args.seed, device, dtype, args.reference_loop)
-    if args.only in (None, "lm"):
-        language_model(PRESETS[args.preset]["lm"], args.seed, device, dtype, args.reference_loop)
+    try:
+        if args.only in (None, "translation"):
+            translation(PRESETS[args.preset]["translation"], args.seed, device, dtype, args.cuda_graphs,
+                        args.reference_loop)
+        if args.only in (None, "lm"):
+            language_model(PRESETS[args.preset]["lm"], args.seed, device, dtype, args.cuda_graphs,
+                           args.reference_loop)
+    except NotFinite as error:
+        fail(str(error))
 
 
 if __name__ == "__main__":

@@ -57,3 +57,9 @@ def language_model(arch: str, task: str, flags: Sequence, dictionary: Dictionary
     if seed is not None:
         torch.manual_seed(seed)
     return lm_task.build_model(cfg.model), lm_task
+
+
+def training_config(flags: Sequence):
+    """fairseq-train's configuration for `flags` (its training options: the
+    optimizer, --fp16 and the loss scale), parsed as for any model."""
+    return convert_namespace_to_omegaconf(_parse("translation", "transformer", flags))

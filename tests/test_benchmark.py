@@ -1,20 +1,189 @@
-"""feedback-benchmark: it runs, on the builders' models, and counts the feedback loop's operators as a GPU replays it."""
+"""feedback-benchmark: it runs, on the builders' models, in every dtype as fairseq trains in it, with every
+tensor on the model's device; it counts the feedback loop's operators as a GPU replays it, reports what
+capturing graphs cost apart from the rates, and names a model whose results are not finite."""
 
+import contextlib
+import io
+import math
 import re
+import sys
+import time
+from types import SimpleNamespace
+from unittest import mock
 
+import pytest
 import torch
+from fairseq.optim import FP16Optimizer
 from helpers import make_dictionary, tiny_translation_model
+from torch.overrides import TorchFunctionMode
+from torch.utils._device import _device_constructors
 
 from fairseq_feedback_cli import benchmark
 
 
-def test_the_benchmark_runs_on_the_same_builders(capsys):
+class FactoriesNameTheirDevice(TorchFunctionMode):
+    """Where a tensor factory (torch.full, torch.arange, torch.tensor, ...;
+    the functions torch.set_default_device applies to) is called from this
+    project's code without a device: on a GPU its tensor lands on the CPU,
+    beside the model's CUDA tensors, which on the CPU nothing shows. A
+    module's constructor is left out: `.to(device)` moves what it makes."""
+
+    def __init__(self):
+        super().__init__()
+        self.unnamed = set()  # "file:line function" of each such call
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _device_constructors() and kwargs.get("device") is None:
+            caller = sys._getframe(1)  # the caller of the factory (a builtin: no frame of its own)
+            in_a_constructor = caller.f_code.co_name == "__init__" and isinstance(caller.f_locals.get("self"),
+                                                                                  torch.nn.Module)
+            if caller.f_globals.get("__name__", "").startswith("fairseq_feedback") and not in_a_constructor:
+                self.unnamed.add(f"{caller.f_code.co_filename}:{caller.f_lineno} torch.{func.__name__}")
+        return func(*args, **kwargs)
+
+
+RUNS = {"fp32": ["--reference-loop"], "fp32, graphs through the stand-in": ["--cuda-graphs", "emulate"],
+        "fp16": ["--dtype", "fp16"], "bf16": ["--dtype", "bf16"]}
+
+
+@pytest.fixture(scope="module")
+def runs():
+    """The tiny benchmark's output in each of RUNS, and the factory calls
+    of this project's code that named no device while it ran."""
+    results = {}
+    for name, flags in RUNS.items():
+        out = io.StringIO()
+        with FactoriesNameTheirDevice() as factories, contextlib.redirect_stdout(out):
+            benchmark.main(["--preset", "tiny", "--threads", "1", *flags])
+        results[name] = out.getvalue(), factories.unnamed
+    return results
+
+
+def table_rows(out):
+    """{model: {column: cell}} of every table printed (cells are apart by two spaces or more)."""
+    rows, columns = {}, None
+    for line in out.splitlines():
+        cells = re.split(r"\s{2,}", line.strip())
+        if cells[0] == "model":
+            columns = cells[1:]
+        elif not line.strip():
+            columns = None
+        elif columns is not None:
+            rows[cells[0]] = dict(zip(columns, cells[1:]))
+    return rows
+
+
+def plain_adam(model):
+    """The optimizer the benchmark once stepped fp16 weights with."""
+    return benchmark.TorchAdam([p for p in model.parameters() if p.requires_grad])
+
+
+def test_the_benchmark_runs_on_the_same_builders(runs):
     """With --reference-loop, each feedback model also runs its loop through autograd, in a row of its own."""
-    benchmark.main(["--preset", "tiny", "--threads", "1", "--reference-loop"])
-    out = capsys.readouterr().out
-    for row in ("transformer ", "feedback_transformer ", "transformer_lm", "feedback_lm ", "feedback / fairseq",
+    out, _ = runs["fp32"]
+    for row in ("transformer ", "feedback_transformer", "transformer_lm", "feedback_lm", "feedback / fairseq",
                 "feedback_transformer (reference loop)", "feedback_lm (reference loop)"):
         assert row in out
+    assert "(eager)" not in out and "capture s" not in out  # no graphs run on the CPU by default
+
+
+def test_fp16_and_bf16_run_on_the_cpu_with_every_figure_finite(runs):
+    for dtype in ("fp16", "bf16"):
+        out, _ = runs[dtype]
+        rows = table_rows(out)
+        assert {"transformer", "feedback_transformer", "transformer_lm", "feedback_lm"} <= set(rows)
+        for name, cells in rows.items():
+            assert all(math.isfinite(float(cell)) and float(cell) > 0 for cell in cells.values()), (dtype, name, cells)
+
+
+def test_half_precision_keeps_fp32_master_weights_as_fairseq_does():
+    """The cause of the NaN on a GPU: torch's Adam stepping fp16 weights
+    (eps 1e-8 is 0 in fp16) turns them NaN at once; fairseq's FP16Optimizer,
+    which the benchmark steps fp16 and bf16 with, keeps them finite and
+    moves them."""
+    d = make_dictionary()
+    src, tgt = torch.randint(d.nspecial, len(d), (2, 8, 6))
+    steps = {}
+    for name, optimizer_for in (("plain Adam", plain_adam), ("fairseq", benchmark.optimizer_for)):
+        model, _ = tiny_translation_model(arch="transformer")
+        model.half()
+        before = [p.detach().clone() for p in model.parameters()]
+        with mock.patch.object(benchmark, "optimizer_for", optimizer_for):
+            benchmark.translation_training(model, d, src, tgt)()
+        steps[name] = before, list(model.parameters())
+    assert not all(torch.isfinite(p).all() for p in steps["plain Adam"][1])
+    before, after = steps["fairseq"]
+    assert all(torch.isfinite(p).all() for p in after)
+    assert any(not torch.equal(a, b) for a, b in zip(after, before))
+    assert isinstance(benchmark.optimizer_for(model).optimizer, FP16Optimizer)
+
+
+def test_results_that_are_not_finite_end_the_run_in_one_line_naming_the_model_and_the_phase(capsys):
+    """fp16 weights stepped by a plain Adam (as the benchmark once did) turn
+    NaN: no rate is printed, and the one line names the model and phase."""
+    with mock.patch.object(benchmark, "optimizer_for", plain_adam), pytest.raises(SystemExit) as stopped:
+        benchmark.main(["--preset", "tiny", "--threads", "1", "--dtype", "fp16", "--only", "lm"])
+    assert re.fullmatch(r"error: transformer_lm: training gave values that are not finite, .*", str(stopped.value))
+    assert "\n" not in str(stopped.value)
+    assert "feedback / fairseq" not in capsys.readouterr().out
+
+
+def test_weights_that_are_not_finite_stop_a_search_before_it_starts():
+    """On a GPU, sampling from NaN log-probabilities ends in a device-side
+    assert that names nothing: the weights are checked first."""
+    model, _ = tiny_translation_model()
+    src, lengths = torch.randint(4, 24, (2, 5)), torch.full((2,), 5)
+    forward = lambda: model(src, lengths, src)[0]  # noqa: E731
+    benchmark.check_before_search("feedback_transformer", "beam search", model, forward)
+    with torch.no_grad():
+        model.decoder.layers[0].fc1.weight[0, 0] = float("nan")
+    with pytest.raises(benchmark.NotFinite, match="^feedback_transformer: its weights or logits are not finite "
+                                                  "before beam search"):
+        benchmark.check_before_search("feedback_transformer", "beam search", model, forward)
+
+
+def test_the_capture_is_timed_apart_from_the_steady_calls():
+    """A workload whose first two calls capture graphs (a stream's memory
+    filling its span): warm-up goes on until a call captures none, the
+    rate comes from the steady calls alone, and the capture's cost is what
+    the capturing calls took beyond them."""
+    cache = SimpleNamespace(captured=0)
+    model = SimpleNamespace(decoder=SimpleNamespace(graphed=SimpleNamespace(cache=cache)))
+    calls = []
+
+    def work():
+        calls.append(1)
+        capturing = len(calls) <= 2
+        cache.captured += capturing
+        time.sleep(0.15 if capturing else 0.01)
+        return 100, torch.zeros(1)
+
+    rates, capture = benchmark.interleaved_rates({"m": model}, {"m": work}, 3, "training", benchmark.FiniteResults())
+    assert len(calls) == 2 + 1 + 3  # two capturing calls, one that captured nothing, three timed
+    assert 100 / 0.05 < rates["m"] <= 100 / 0.01
+    assert 0.2 < capture["m"] < 0.4  # 2 x (0.15 - 0.01), and sleeps that overran on a busy machine
+
+
+def test_where_graphs_run_each_feedback_model_also_runs_eagerly_and_the_capture_is_reported_apart(runs):
+    rows = table_rows(runs["fp32, graphs through the stand-in"][0])
+    for graphed in ("feedback_transformer", "feedback_lm"):
+        assert float(rows[graphed]["capture s"]) > 0 and float(rows[graphed]["graphs MB"]) > 0, rows[graphed]
+        assert rows[f"{graphed} (eager)"]["capture s"] == rows[f"{graphed} (eager)"]["graphs MB"] == "-"
+    for fairseqs in ("transformer", "transformer_lm"):
+        assert rows[fairseqs]["capture s"] == rows[fairseqs]["graphs MB"] == "-"
+
+
+def test_every_tensor_the_benchmark_makes_lies_on_the_models_device(runs):
+    """No factory call of this project's code, run by the benchmark's
+    workloads (training, evaluation, beam search, sampling, the incremental
+    state, the graphs' path in training and decoding), names no device;
+    those meant to stay on the CPU say so."""
+    for name, (_, unnamed) in runs.items():
+        assert not unnamed, (name, sorted(unnamed))
+    with FactoriesNameTheirDevice() as factories:  # and such a call does show
+        exec("torch.full((1,), 0)", {"__name__": "fairseq_feedback.probe", "torch": torch})
+    assert len(factories.unnamed) == 1
 
 
 def test_the_benchmark_counts_the_feedback_loop_as_a_gpu_replays_it():
@@ -27,8 +196,9 @@ def test_the_benchmark_counts_the_feedback_loop_as_a_gpu_replays_it():
     model, _ = tiny_translation_model("--dropout", "0.1", layers=3)
     src, tgt = torch.randint(d.nspecial, len(d), (2, 8, 16))
     work = benchmark.translation_training(model, d, src, tgt)
+    graphed = model.decoder.graphed
     replayed, _ = benchmark.kernels_and_busy_share(model, work, 16, torch.device("cpu"))
-    assert model.decoder.graphed is None  # the model runs eagerly again
+    assert model.decoder.graphed is graphed  # the model runs as before (eagerly, on the CPU)
     with benchmark._CountOps() as eager:
         work()
     benchmark.with_the_reference_loop(model)

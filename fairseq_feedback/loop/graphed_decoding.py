@@ -91,8 +91,8 @@ class GraphedDecoding:
         and of a capacity for twice its padded source (or its prefix)."""
         self.searches += 1
         steps, rows, _ = x.shape
-        state = {"search": torch.tensor(self.searches), "rows": torch.tensor(rows), "steps": torch.tensor(0),
-                 "hypotheses": torch.tensor(hypotheses)}
+        state = {"search": torch.tensor(self.searches, device="cpu"), "rows": torch.tensor(rows, device="cpu"),
+                 "steps": torch.tensor(0, device="cpu"), "hypotheses": torch.tensor(hypotheses, device="cpu")}
         guess = 2 ** steps.bit_length() if encoder_kv is None else 2 * bucket_wide(encoder_kv.size(4))
         capacity = min(max(16, guess), span + 1)
         initial = decoder.empty_memory(bucket_wide(rows // hypotheses) * hypotheses, like=x)
@@ -123,7 +123,7 @@ class GraphedDecoding:
             return
         _, memory = self._memory(state)
         memory.copy_to(memory, new_order, int(state["steps"]))
-        state["rows"] = torch.tensor(len(new_order))
+        state["rows"] = torch.tensor(len(new_order), device="cpu")
 
     def _static_encoder(self, encoder_kv, encoder_bias, sentences: int):
         """The encoder's keys/values and mask in buffers of the bucket's

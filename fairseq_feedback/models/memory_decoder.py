@@ -93,8 +93,8 @@ class MemoryDecoder(TransformerDecoderBase):
         if decoding is None:
             hypotheses = self._hypotheses_per_sentence(incremental_state, encoder_out)
             encoder_kv = self._encoder_keys_values(encoder_out, hypotheses)
-            self.set_incremental_state(incremental_state, "decoding", {
-                "encoder_keys_values": encoder_kv, "hypotheses_per_sentence": torch.tensor(hypotheses)})
+            self.set_incremental_state(incremental_state, "decoding", {  # the count on the CPU, read without waiting
+                "encoder_keys_values": encoder_kv, "hypotheses_per_sentence": torch.tensor(hypotheses, device="cpu")})
         else:
             encoder_kv = decoding["encoder_keys_values"]
         encoder_bias = self._encoder_attention_mask(encoder_out, encoder_kv)

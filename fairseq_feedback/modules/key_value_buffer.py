@@ -114,7 +114,8 @@ class CachedKeyValues(FairseqIncrementalState):
             return
         _BUFFERS[id(buffer.slots)] = buffer
         # the length stays on the CPU: reading it never waits for a GPU
-        state: Dict[str, Optional[Tensor]] = {"slots": buffer.slots, "length": torch.tensor(buffer.length)}
+        length = torch.tensor(buffer.length, device="cpu")
+        state: Dict[str, Optional[Tensor]] = {"slots": buffer.slots, "length": length}
         self.set_incremental_state(incremental_state, "keys_values", state)
 
     def reorder_incremental_state(self, incremental_state, new_order: Tensor) -> None:
