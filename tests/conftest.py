@@ -10,8 +10,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped without one); on a GPU machine: -m gpu")
+    config.addinivalue_line("markers", "half_precision: computes in 16-bit floats on the CPU; "
+                                       "tests/test_cpu_kernels.py runs it again under each of the CPU's kernel sets")
     if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test`: one worker per core, one thread each
         torch.set_num_threads(1)
+
+
+def pytest_report_header():
+    return f"CPU kernels: {torch.backends.cpu.get_cpu_capability()} (ATEN_CPU_CAPABILITY)"
 
 
 # the modules that take longest, started first under `make test` (a module runs on one worker): the

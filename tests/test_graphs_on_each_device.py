@@ -30,7 +30,7 @@ OPTIONS = {
 # autocast to bfloat16 on the CPU
 PRECISIONS = [
     pytest.param("cpu", torch.float32, None, id="cpu-fp32"),
-    pytest.param("cpu", torch.float32, torch.bfloat16, id="cpu-autocast-bf16"),
+    pytest.param("cpu", torch.float32, torch.bfloat16, id="cpu-autocast-bf16", marks=pytest.mark.half_precision),
     pytest.param("cuda", torch.float32, None, id="cuda-fp32", marks=GPU),
     pytest.param("cuda", torch.float16, None, id="cuda-fp16", marks=GPU),
     pytest.param("cuda", torch.float32, torch.float16, id="cuda-amp", marks=GPU),
