@@ -30,6 +30,9 @@ costs at these sizes, and a recipe runs dozens. With $RECIPE_SERVER set
 them: it hands its command line, environment, folder and stdin/stdout/stderr
 to the server, which imported them once and forks a process that runs the
 command as the stand-in would have, and it exits with that process's status.
+The server also imports what torch imports on first use in nearly every
+command (torch._dynamo, and with it sympy, as an optimizer is built or a
+shape checked): half of what a training command cost after the fork.
 """
 
 import contextlib
@@ -236,7 +239,7 @@ def server(path, env, log):
 
 def serve(path):
     """Forks a process for each command that connects to the Unix socket `path`."""
-    for module in FAIRSEQ.values():
+    for module in (*FAIRSEQ.values(), "torch._dynamo"):
         importlib.import_module(module)
     signal.signal(signal.SIGCHLD, _reap)
     with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as server:
