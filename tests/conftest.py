@@ -1,5 +1,7 @@
 import os
+import subprocess
 import sys
+import types
 
 import pytest
 import torch
@@ -37,6 +39,22 @@ def toy_model(tmp_path_factory):
     from helpers import train_toy_model
 
     return train_toy_model(tmp_path_factory.mktemp("toy"))
+
+
+@pytest.fixture
+def preprocess_in_this_process(monkeypatch):
+    """The data scripts' fairseq-preprocess (steps.binarize starts `python -m
+    fairseq_cli.preprocess`) run in this process, which imported fairseq
+    already: a new process spent most of a script's time importing it. The
+    recipes (tests/test_recipes.py) run the scripts, and it, as processes."""
+    from fairseq_feedback_cli.data_prep import steps
+    from helpers import run
+
+    def run_here(cmd):
+        assert cmd[:3] == [sys.executable, "-m", "fairseq_cli.preprocess"], cmd
+        return subprocess.CompletedProcess(cmd, run("preprocess", *cmd[3:], check=False).returncode)
+
+    monkeypatch.setattr(steps, "subprocess", types.SimpleNamespace(run=run_here))
 
 
 @pytest.fixture(autouse=True)
