@@ -1,5 +1,6 @@
 """Stand-ins for the commands the recipes in examples/*/README.md call, for tests/test_recipes.py
-(and for examples/results/cpu_tier.sh, in tests/test_cpu_tier.py, with no changes).
+(and for examples/results/cpu_tier.sh, in tests/test_cpu_tier.py, with no changes; and for the
+two-worker training of helpers.train_on_two_workers).
 
 tests/test_recipes.py runs the README's shell blocks as they are, with a
 folder of these stand-ins first on PATH. Each runs the real tool (fairseq's
