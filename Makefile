@@ -18,7 +18,8 @@ $(VENV)/.installed: setup.py
 	touch $@
 
 # every test, on every core (pytest-xdist), one thread per worker; a test module stays on one
-# worker, which trains its fixtures once; tests/conftest.py starts the longest modules first
+# worker, which trains its fixtures once; tests/conftest.py starts the longest modules first;
+# tests/test_cpu_kernels.py runs the half-precision tests again under the CPU's other kernel sets
 test: setup
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n auto --dist loadscope --no-loadscope-reorder tests
 

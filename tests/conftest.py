@@ -1,5 +1,7 @@
 import os
+import subprocess
 import sys
+import types
 
 import pytest
 import torch
@@ -10,8 +12,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped without one); on a GPU machine: -m gpu")
+    config.addinivalue_line("markers", "half_precision: computes in 16-bit floats on the CPU; "
+                                       "tests/test_cpu_kernels.py runs it again under each of the CPU's kernel sets")
     if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test`: one worker per core, one thread each
         torch.set_num_threads(1)
+
+
+def pytest_report_header():
+    return f"CPU kernels: {torch.backends.cpu.get_cpu_capability()} (ATEN_CPU_CAPABILITY)"
 
 
 # the modules that take longest, started first under `make test` (a module runs on one worker): the
@@ -31,6 +39,22 @@ def toy_model(tmp_path_factory):
     from helpers import train_toy_model
 
     return train_toy_model(tmp_path_factory.mktemp("toy"))
+
+
+@pytest.fixture
+def preprocess_in_this_process(monkeypatch):
+    """The data scripts' fairseq-preprocess (steps.binarize starts `python -m
+    fairseq_cli.preprocess`) run in this process, which imported fairseq
+    already: a new process spent most of a script's time importing it. The
+    recipes (tests/test_recipes.py) run the scripts, and it, as processes."""
+    from fairseq_feedback_cli.data_prep import steps
+    from helpers import run
+
+    def run_here(cmd):
+        assert cmd[:3] == [sys.executable, "-m", "fairseq_cli.preprocess"], cmd
+        return subprocess.CompletedProcess(cmd, run("preprocess", *cmd[3:], check=False).returncode)
+
+    monkeypatch.setattr(steps, "subprocess", types.SimpleNamespace(run=run_here))
 
 
 @pytest.fixture(autouse=True)

@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from fairseq.sequence_generator import SequenceGenerator
 
+import recipe_shims
+
 from fairseq_feedback_cli.data_prep import toy_tasks
 from fairseq_feedback import patches
 from fairseq_feedback.errors import one_line
@@ -212,20 +214,18 @@ def error_lines(proc):
 
 def train_on_two_workers(*args):
     """fairseq-train on two CPU workers (gloo, one process per rank, as fairseq
-    skips its own launcher under --cpu; they meet through a file); returns
-    rank 0's log."""
-    with tempfile.TemporaryDirectory() as meeting:
-        workers = [
-            subprocess.Popen(
-                [sys.executable, "-m", "fairseq_cli.train", *map(str, args), "--user-dir", PLUGIN,
-                 "--distributed-world-size", "2", "--distributed-rank", str(rank), "--distributed-backend", "gloo",
-                 "--distributed-init-method", f"file://{meeting}/workers", "--distributed-no-spawn"],
-                env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            for rank in range(2)
-        ]
-        logs = [w.communicate(timeout=300)[0] for w in workers]
-    assert all(w.returncode == 0 for w in workers), logs[0][-3000:] + logs[1][-3000:]
-    return logs[0]
+    skips its own launcher under --cpu; they meet through a file), both ranks
+    forked by the command server of tests/recipe_shims.py, which imported
+    torch and fairseq once for both; returns their log."""
+    with tempfile.TemporaryDirectory() as folder:
+        recipe_shims.write(os.path.join(folder, "bin"))
+        env = dict(ENV, RECIPE_SERVER=os.path.join(folder, "server.sock"))
+        with recipe_shims.server(env["RECIPE_SERVER"], env, os.path.join(folder, "server.log")):
+            proc = subprocess.run([os.path.join(folder, "bin", "fairseq-train"), *map(str, args), "--user-dir", PLUGIN,
+                                   "--distributed-world-size", "2"],
+                                  env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    return proc.stdout
 
 
 # --- tiny corpora and the tiny models fairseq's tools train on them ----------------------------

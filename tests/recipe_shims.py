@@ -1,5 +1,6 @@
 """Stand-ins for the commands the recipes in examples/*/README.md call, for tests/test_recipes.py
-(and for examples/results/cpu_tier.sh, in tests/test_cpu_tier.py, with no changes).
+(and for examples/results/cpu_tier.sh, in tests/test_cpu_tier.py, with no changes; and for the
+two-worker training of helpers.train_on_two_workers).
 
 tests/test_recipes.py runs the README's shell blocks as they are, with a
 folder of these stand-ins first on PATH. Each runs the real tool (fairseq's
@@ -30,6 +31,9 @@ costs at these sizes, and a recipe runs dozens. With $RECIPE_SERVER set
 them: it hands its command line, environment, folder and stdin/stdout/stderr
 to the server, which imported them once and forks a process that runs the
 command as the stand-in would have, and it exits with that process's status.
+The server also imports what torch imports on first use in nearly every
+command (torch._dynamo, and with it sympy, as an optimizer is built or a
+shape checked): half of what a training command cost after the fork.
 """
 
 import contextlib
@@ -236,7 +240,7 @@ def server(path, env, log):
 
 def serve(path):
     """Forks a process for each command that connects to the Unix socket `path`."""
-    for module in FAIRSEQ.values():
+    for module in (*FAIRSEQ.values(), "torch._dynamo"):
         importlib.import_module(module)
     signal.signal(signal.SIGCHLD, _reap)
     with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as server:

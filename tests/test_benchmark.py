@@ -47,17 +47,22 @@ RUNS = {"fp32": ["--reference-loop"], "fp32, graphs through the stand-in": ["--c
         "fp16": ["--dtype", "fp16"], "bf16": ["--dtype", "bf16"]}
 
 
-@pytest.fixture(scope="module")
-def runs():
-    """The tiny benchmark's output in each of RUNS, and the factory calls
-    of this project's code that named no device while it ran."""
-    results = {}
-    for name, flags in RUNS.items():
+class Runs(dict):
+    """The tiny benchmark's output in each of RUNS, run when first asked
+    for, and the factory calls of this project's code that named no device
+    while it ran."""
+
+    def __missing__(self, name):
         out = io.StringIO()
         with FactoriesNameTheirDevice() as factories, contextlib.redirect_stdout(out):
-            benchmark.main(["--preset", "tiny", "--threads", "1", *flags])
-        results[name] = out.getvalue(), factories.unnamed
-    return results
+            benchmark.main(["--preset", "tiny", "--threads", "1", *RUNS[name]])
+        self[name] = out.getvalue(), factories.unnamed
+        return self[name]
+
+
+@pytest.fixture(scope="module")
+def runs():
+    return Runs()
 
 
 def table_rows(out):
@@ -88,6 +93,7 @@ def test_the_benchmark_runs_on_the_same_builders(runs):
     assert "(eager)" not in out and "capture s" not in out  # no graphs run on the CPU by default
 
 
+@pytest.mark.half_precision
 def test_fp16_and_bf16_run_on_the_cpu_with_every_figure_finite(runs):
     for dtype in ("fp16", "bf16"):
         out, _ = runs[dtype]
@@ -97,6 +103,7 @@ def test_fp16_and_bf16_run_on_the_cpu_with_every_figure_finite(runs):
             assert all(math.isfinite(float(cell)) and float(cell) > 0 for cell in cells.values()), (dtype, name, cells)
 
 
+@pytest.mark.half_precision
 def test_half_precision_keeps_fp32_master_weights_as_fairseq_does():
     """The cause of the NaN on a GPU: torch's Adam stepping fp16 weights
     (eps 1e-8 is 0 in fp16) turns them NaN at once; fairseq's FP16Optimizer,
@@ -179,8 +186,8 @@ def test_every_tensor_the_benchmark_makes_lies_on_the_models_device(runs):
     workloads (training, evaluation, beam search, sampling, the incremental
     state, the graphs' path in training and decoding), names no device;
     those meant to stay on the CPU say so."""
-    for name, (_, unnamed) in runs.items():
-        assert not unnamed, (name, sorted(unnamed))
+    for name in RUNS:
+        assert not runs[name][1], (name, sorted(runs[name][1]))
     with FactoriesNameTheirDevice() as factories:  # and such a call does show
         exec("torch.full((1,), 0)", {"__name__": "fairseq_feedback.probe", "torch": torch})
     assert len(factories.unnamed) == 1

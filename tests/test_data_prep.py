@@ -24,6 +24,7 @@ from fairseq_feedback_cli.data_prep import prepare_wikitext103 as wiki
 from fairseq_feedback_cli.data_prep import prepare_wmt14_en_de as wmt
 
 REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.usefixtures("preprocess_in_this_process")
 
 
 def dirs(tmp_path):

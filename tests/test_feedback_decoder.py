@@ -259,6 +259,7 @@ def encoder_keys_values(incremental_state):
 
 @pytest.mark.parametrize("flags", [[], ["--adaptive-span", "--relative-positions", "--persistent-vectors", "2"]],
                          ids=["default", "all options"])
+@pytest.mark.half_precision
 def test_half_precision_trains_and_decodes(flags):
     """What --bf16/--fp16 do on a GPU: the whole model in a 16-bit dtype (run
     here in bfloat16 on the CPU)."""

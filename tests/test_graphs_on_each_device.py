@@ -26,15 +26,24 @@ OPTIONS = {
                                                         "2", "--relative-positions"],
     "persistent vectors, pre-norm": ["--persistent-vectors", "2", "--decoder-normalize-before"],
 }
-# (device, parameters' dtype, autocast dtype, tolerance): half precision on a
-# GPU; autocast to bfloat16 on the CPU
+# (device, parameters' dtype, autocast dtype): half precision on a GPU;
+# autocast to bfloat16 on the CPU
 PRECISIONS = [
-    pytest.param("cpu", torch.float32, None, 1e-5, id="cpu-fp32"),
-    pytest.param("cpu", torch.float32, torch.bfloat16, 2e-2, id="cpu-autocast-bf16"),
-    pytest.param("cuda", torch.float32, None, 1e-5, id="cuda-fp32", marks=GPU),
-    pytest.param("cuda", torch.float16, None, 2e-2, id="cuda-fp16", marks=GPU),
-    pytest.param("cuda", torch.float32, torch.float16, 1e-2, id="cuda-amp", marks=GPU),
+    pytest.param("cpu", torch.float32, None, id="cpu-fp32"),
+    pytest.param("cpu", torch.float32, torch.bfloat16, id="cpu-autocast-bf16", marks=pytest.mark.half_precision),
+    pytest.param("cuda", torch.float32, None, id="cuda-fp32", marks=GPU),
+    pytest.param("cuda", torch.float16, None, id="cuda-fp16", marks=GPU),
+    pytest.param("cuda", torch.float32, torch.float16, id="cuda-amp", marks=GPU),
 ]
+# gelu, not relu, where half precision is compared: a relu input within
+# rounding of 0 takes either branch, and that token's whole share of fc1's
+# gradient goes with it, a difference no multiple of the precision bounds
+# (the graphs' padded shapes round differently from eager's: issue 32)
+SMOOTH = ["--activation-fn", "gelu"]
+# half precision: within this many of the dtype's eps, relative to the loss
+# and to the largest gradient (measured under the CPU's three kernel sets,
+# ATEN_CPU_CAPABILITY default, avx2 and avx512, in bf16 and fp16: at most 2)
+EPS_TOLERATED = 8
 
 
 def eager(model):
@@ -51,9 +60,10 @@ def assert_no_fallback(*models):
         assert model.decoder.graphed.cache.failed is None, model.decoder.graphed.cache.failed
 
 
-def assert_graphs_equal_eager(model, device, results, tolerance, seed=None):
+def assert_graphs_equal_eager(model, device, results, precision, seed=None):
     """`results()` (losses and gradients) with the loop replayed as graphs,
-    against eager; `seed`: both passes draw dropout from it."""
+    against eager, computed in `precision`; `seed`: both passes draw dropout
+    from it."""
     eager(model)
     if seed is not None:
         torch.manual_seed(seed)
@@ -62,7 +72,10 @@ def assert_graphs_equal_eager(model, device, results, tolerance, seed=None):
     if seed is not None:
         torch.manual_seed(seed)
     for got, want in zip(results(), expected):
-        assert_close(got, want, tolerance)
+        if precision == torch.float32:
+            assert_close(got, want, 1e-5)
+        else:
+            assert_close_to_rounding(got, want, precision)
     assert_no_fallback(model)
 
 
@@ -74,11 +87,25 @@ def assert_close(got, expected, tolerance):
     largest = max(g.float().abs().max() for g in grads.values())
     for name in grads:
         # a gradient that is zero but for rounding (a key projection's bias,
-        # which softmax ignores) has no scale of its own: at least the
-        # precision's share of the largest (a thousandth in fp32)
-        scale = grads[name].float().abs().max().clamp_min(max(1e-3, tolerance) * largest)
+        # which softmax ignores) has no scale of its own: at least a
+        # thousandth of the largest
+        scale = grads[name].float().abs().max().clamp_min(1e-3 * largest)
         torch.testing.assert_close(got_grads[name].float() / scale, grads[name].float() / scale,
                                    atol=tolerance * 10, rtol=0, msg=name)
+
+
+def assert_close_to_rounding(got, expected, dtype):
+    """The loss and every gradient, to EPS_TOLERATED of `dtype`'s eps: a
+    gradient's rounding scales with the terms it sums, not with its own
+    value, so relative to the largest gradient."""
+    tolerance = EPS_TOLERATED * torch.finfo(dtype).eps
+    (got_loss, got_grads), (loss, grads) = got, expected
+    torch.testing.assert_close(got_loss.float(), loss.float(), atol=0, rtol=tolerance)
+    assert got_grads.keys() == grads.keys()
+    largest = max(g.float().abs().max() for g in grads.values())
+    for name in grads:
+        torch.testing.assert_close(got_grads[name].float(), grads[name].float(), atol=tolerance * largest, rtol=0,
+                                   msg=name)
 
 
 def translation_batches(d, device, shapes):
@@ -86,10 +113,10 @@ def translation_batches(d, device, shapes):
     return batches, [torch.randint(d.nspecial, len(d), prev.shape, device=device) for _, _, prev in batches]
 
 
-@pytest.mark.parametrize("device, dtype, autocast, tolerance", PRECISIONS)
+@pytest.mark.parametrize("device, dtype, autocast", PRECISIONS)
 @pytest.mark.parametrize("flags", OPTIONS.values(), ids=OPTIONS.keys())
-def test_graphed_translation_training_equals_eager(flags, device, dtype, autocast, tolerance):
-    model, d = tiny_translation_model("--memory-span", "4", "--dropout", "0", *flags, layers=6)
+def test_graphed_translation_training_equals_eager(flags, device, dtype, autocast):
+    model, d = tiny_translation_model("--memory-span", "4", "--dropout", "0", *flags, *SMOOTH, layers=6)
     model = model.to(device, dtype).train()
     batches, targets = translation_batches(d, device, ((3, 5, 7), (3, 5, 7), (11, 9, 13), (11, 9, 13)))
 
@@ -102,7 +129,7 @@ def test_graphed_translation_training_equals_eager(flags, device, dtype, autocas
             out.append(loss_and_gradients(model, lambda: logits, target))
         return out
 
-    assert_graphs_equal_eager(model, device, results, tolerance)
+    assert_graphs_equal_eager(model, device, results, autocast or dtype)
     assert model.decoder.graphed.cache.captured == 2
 
 
@@ -136,8 +163,8 @@ def test_graphed_training_with_dropout_equals_eager_at_the_padded_shapes(device,
         assert_close(got, want, 1e-5)
 
 
-HALF = [pytest.param("cpu", torch.float16, "emulate", 0.0, id="cpu-fp16"),
-        pytest.param("cpu", torch.bfloat16, "emulate", 0.0, id="cpu-bf16"),
+HALF = [pytest.param("cpu", torch.float16, "emulate", 0.0, id="cpu-fp16", marks=pytest.mark.half_precision),
+        pytest.param("cpu", torch.bfloat16, "emulate", 0.0, id="cpu-bf16", marks=pytest.mark.half_precision),
         pytest.param("cuda", torch.float16, "auto", 1e-3, id="cuda-fp16", marks=GPU)]
 
 
@@ -288,15 +315,15 @@ def test_gradient_accumulation_keeps_parameters_grads_apart_from_the_graphs_buff
     assert_no_fallback(model)
 
 
-STREAM_PRECISIONS = [pytest.param("cpu", torch.float32, 1e-5, id="cpu-fp32"),
-                     pytest.param("cuda", torch.float32, 1e-5, id="cuda-fp32", marks=GPU),
-                     pytest.param("cuda", torch.float16, 2e-2, id="cuda-fp16", marks=GPU)]
+STREAM_PRECISIONS = [pytest.param("cpu", torch.float32, id="cpu-fp32"),
+                     pytest.param("cuda", torch.float32, id="cuda-fp32", marks=GPU),
+                     pytest.param("cuda", torch.float16, id="cuda-fp16", marks=GPU)]
 
 
-@pytest.mark.parametrize("device, dtype, tolerance", STREAM_PRECISIONS)
-def test_graphed_stream_of_three_blocks_equals_eager(device, dtype, tolerance):
+@pytest.mark.parametrize("device, dtype", STREAM_PRECISIONS)
+def test_graphed_stream_of_three_blocks_equals_eager(device, dtype):
     d = make_dictionary()
-    model, _ = tiny_lm("--memory-span", "10", dictionary=d)
+    model, _ = tiny_lm("--memory-span", "10", *SMOOTH, dictionary=d)
     model = model.to(device, dtype)
     # blocks 2 to 4 start from a full span of carried memory: one shape, captured at the second
     tokens, target = torch.randint(d.nspecial, len(d), (2, 3, 35), device=device)
@@ -309,7 +336,7 @@ def test_graphed_stream_of_three_blocks_equals_eager(device, dtype, tolerance):
             out.append(loss_and_gradients(model, lambda: model(block, stream="t", block=k)[0].float(), block_target))
         return out
 
-    assert_graphs_equal_eager(model, device, results, tolerance)
+    assert_graphs_equal_eager(model, device, results, dtype)
     assert model.decoder.graphed.cache.captured == 1
 
 

@@ -24,6 +24,7 @@ from fairseq_feedback_cli.data_prep.debian import normalized
 from fairseq_feedback_cli.data_prep.text import moses
 
 REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.usefixtures("preprocess_in_this_process")
 
 
 def dirs(tmp_path):
