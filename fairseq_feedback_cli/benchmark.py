@@ -247,15 +247,27 @@ def loop_as_a_gpu_replays_it(model):
     return feedback_loop_in_mode(model, "emulate")
 
 
-def counted_as_a_gpu_replays_it(model, work, warm_up: int = 2) -> _CountOps:
+def graphs_state(model) -> Optional[tuple]:
+    """The model's graphs captured and the eager passes they made (None: no graphs)."""
+    cache = graph_cache(model)
+    return None if cache is None else (cache.captured, cache.eager_passes())
+
+
+def counted_as_a_gpu_replays_it(model, work, warm_up: int = WARM_UP_CALLS) -> _CountOps:
     """The operators of one call of `work` (a training step), on any device
     dispatched rather than launched: the feedback loop's as a GPU replays it.
-    `warm_up`: calls before, through the graphs' path (a stream's memory
-    takes a few blocks to fill its span, a graph per length)."""
+    `warm_up`: calls at most before, through the graphs' path, until one
+    captures nothing and checks nothing (a shape's first sighting runs
+    eagerly, its second captures, a cache's first graphs are checked again
+    at new inputs, and a stream's memory takes a few blocks to fill its
+    span, a graph per length)."""
     work()
     with loop_as_a_gpu_replays_it(model):
-        for _ in range(warm_up):  # each shape's first calls: warm-up and capture, and the checks of new graphs
+        for _ in range(warm_up):
+            before = graphs_state(model)
             work()
+            if graphs_state(model) == before and not awaiting_capture(model):
+                break
         with _CountOps() as ops:
             work(ops)
     return ops
@@ -585,7 +597,7 @@ def operator_breakdown(title, build, training, layers, steps):
     counts = {}
     for shape in ((layers, steps), (layers, 2 * steps), (layers - 1, steps)):
         model = build(shape[0])
-        counts[shape] = counted_as_a_gpu_replays_it(model, training(model, shape[1]), warm_up=6).kinds
+        counts[shape] = counted_as_a_gpu_replays_it(model, training(model, shape[1])).kinds
     full, double, fewer = counts[layers, steps], counts[layers, 2 * steps], counts[layers - 1, steps]
 
     def per_step(phase, kind):
