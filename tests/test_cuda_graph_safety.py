@@ -31,7 +31,7 @@ from fairseq_feedback import cuda_graphs
 from fairseq_feedback.cuda_graphs import GraphCache, GraphedFunction, RecordedGraphBackend
 from fairseq_feedback.cuda_graphs.backends import SharedPool
 from fairseq_feedback.cuda_graphs.graphed_function import (AFTER_ANOTHER_GRAPH, FIRST_REPLAY, FULLY_CHECKED,
-                                                                   MAX_UNJUDGED, NEW_INPUTS)
+                                                                   MAX_UNJUDGED, NEW_INPUTS, collector_paused)
 
 BATCHES = Path(__file__).parent / "data" / "debian_de_en_batches.json"
 STATISTICS = re.compile(r"graph cache \| keys (\d+) \| calls (\d+) \| hits (\d+) \| hit rate ([\d.]+)%")
@@ -117,6 +117,79 @@ def test_the_graph_package_is_general_code_that_imports_nothing_of_this_project(
 
 class Owner:
     """A graph's stand-in, as the pool knows it."""
+
+
+def test_a_graph_freed_during_a_capture_invalidates_it_as_on_a_gpu():
+    backend = RecordedGraphBackend(CPU)
+    doomed, _ = backend.capture(lambda: (torch.ones(1),), Owner())
+
+    def frees_a_graph():
+        nonlocal doomed
+        doomed = None  # its last reference: freed here, mid-capture
+        return (torch.ones(1),)
+
+    with pytest.warns(RuntimeWarning, match="operation not permitted when stream is capturing"), \
+            pytest.raises(RuntimeError, match="operation failed due to a previous error during capture"):
+        backend.capture(frees_a_graph, Owner())
+
+
+def test_the_collector_runs_in_the_middle_of_a_stand_in_capture_unless_paused():
+    collected = []
+    gc.callbacks.append(lambda phase, info: collected.append(phase))
+    try:
+        RecordedGraphBackend(CPU).capture(lambda: (torch.ones(1),), Owner())
+        assert collected
+        collected.clear()
+        with collector_paused():
+            RecordedGraphBackend(CPU).capture(lambda: (torch.ones(1),), Owner())
+        assert not collected
+    finally:
+        gc.callbacks.pop()
+
+
+def test_a_failed_capture_leaves_the_generator_unusable_until_the_backend_recovers_it():
+    """As torch before 2.13 leaves CUDA's; GraphBackend.capture recovers before it raises."""
+    backend = RecordedGraphBackend(CPU)
+
+    def fails():
+        raise RuntimeError("host sync (injected)")
+
+    with pytest.raises(RuntimeError, match="Offset increment outside graph capture"):
+        try:
+            backend.capture_graph(fails, Owner())
+        except RuntimeError:
+            torch.randint(10, (1,))  # the device's capture, failed: its generator is stuck
+    backend.recover()
+    torch.randint(10, (1,))
+    with pytest.raises(RuntimeError, match="host sync"):
+        backend.capture(fails, Owner())
+    torch.randint(10, (1,))
+
+
+def test_a_failed_capture_gives_up_every_cache_on_the_device(monkeypatch, caplog):
+    """The generator got a fresh state: graphs captured before drew from the old one."""
+    other = stand_in_cache()
+    for _ in range(2):
+        other("kept", lambda x: (x + 1,), [torch.zeros(1)])
+    assert other.graphs
+    failing = stand_in_cache()
+    fail_inside_capture(monkeypatch, 1)  # the next capture: the failing cache's first
+    with caplog.at_level(logging.WARNING):
+        for _ in range(2):
+            assert failing("sync", lambda x: (x + 2,), [torch.zeros(1)])[0].item() == 2
+    assert failing.failed and other.failed and not other.graphs
+    assert len(warnings_of(caplog)) == 1
+    assert other("kept", lambda x: (x + 1,), [torch.zeros(1)])[0].item() == 1
+
+
+def test_a_device_that_cannot_recover_a_failed_capture_never_captures(monkeypatch, caplog):
+    monkeypatch.setattr(RecordedGraphBackend, "unsupported", lambda self: "this torch cannot (injected)")
+    with caplog.at_level(logging.WARNING):
+        cache = stand_in_cache()
+    assert warnings_of(caplog) == ["test: CUDA graph: this torch cannot (injected); running eagerly from now on"]
+    for _ in range(3):
+        cache("key", lambda x: (x,), [torch.zeros(1)])
+    assert cache.captured == 0
 
 
 def test_graphs_that_share_a_pool_overwrite_each_others_outputs_as_they_replay():

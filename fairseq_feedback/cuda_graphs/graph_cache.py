@@ -51,6 +51,7 @@ class GraphCache:
         self.max_bytes = max_bytes if max_bytes is not None else device_memory(backend.device) // 4
         self.graphs: "OrderedDict[Hashable, GraphedFunction]" = OrderedDict()
         self.sighted: "OrderedDict[Hashable, None]" = OrderedDict()  # keys seen once, not captured yet
+        self.last: Optional[GraphedFunction] = None  # the graph called last
         self.ledger = PoolLedger()
         self.statistics = CacheStatistics()
         self.captured = 0
@@ -69,7 +70,7 @@ class GraphCache:
         key's second sighting), or eagerly at its first, once the cache has
         failed, or while another forward awaits its backward. `shape`: the
         key in words, for the log."""
-        self._give_up_failed_graphs()
+        self._give_up_if_the_last_graph_failed()
         if self.failed is not None or self.max_graphs == 0 or self.ledger.awaiting_backward():
             return tuple(fn(*inputs))
         graphed = self.graphs.get(key)
@@ -82,7 +83,9 @@ class GraphCache:
         else:
             self.graphs.move_to_end(key)
             outputs = graphed(fn, *inputs)
-        self._give_up_failed_graphs()
+        if graphed is not None:
+            self.last = graphed
+        self._give_up_if_the_last_graph_failed()
         too_few_hits = self.statistics.too_few_hits()
         if too_few_hits:
             self.fail("", GraphFailure(too_few_hits))
@@ -129,25 +132,23 @@ class GraphCache:
         """Eager passes the cached graphs cost beyond their calls' own (captures and checks)."""
         return sum(g.eager_passes for g in self.graphs.values())
 
-    def _give_up_failed_graphs(self) -> None:
-        """A graph that failed in a call (its forward, or its backward since) gives the cache up."""
-        failed = next((g for g in self.graphs.values() if g.failure is not None), None)
-        if failed is not None:
-            self.fail(failed.shape, failed.failure)
+    def _give_up_if_the_last_graph_failed(self) -> None:
+        """The graph called last failed in its call, or in its backward since
+        (no other graph is called while a backward is awaited): the cache gives up."""
+        if self.last is not None and self.last.failure is not None:
+            self.fail(self.last.shape, self.last.failure)
 
-    def fail(self, shape: str, failure: GraphFailure) -> None:
-        """Every later call runs eagerly, said once; the graphs are released now."""
+    def fail(self, shape: str, failure: GraphFailure, level: int = logging.WARNING) -> None:
+        """Every later call runs eagerly, said once (at `level`); the graphs are released now."""
         if self.failed is not None:
             return
         self.failed = str(failure)
         where = f" for {shape}" if shape else ""
-        logger.warning(f"{self.name}: CUDA graph{where}: {failure}; running eagerly from now on")
-        self._release_all()
-
-    def _release_all(self) -> None:
+        logger.log(level, f"{self.name}: CUDA graph{where}: {failure}; running eagerly from now on")
         for graphed in self.graphs.values():
             graphed.release()
         self.graphs.clear()
+        self.last = None
         self.backend.release_pool()
 
     def _device_reset(self, shape: str, failure: GraphFailure) -> None:
@@ -155,12 +156,10 @@ class GraphCache:
         state (backends.py), and graphs captured before it would draw from the
         old one. This cache and every other on the device give up."""
         self.fail(shape, failure)
+        reset = GraphFailure(f"a capture failed on {self.backend.device}, which reset its random generator")
         for cache in list(_CACHES):
-            if cache is not self and cache.failed is None and cache.backend.device == self.backend.device:
-                cache.failed = f"a capture failed on {self.backend.device}"
-                logger.info(f"{cache.name}: a capture failed on {self.backend.device}, which reset its random "
-                            "generator; running eagerly from now on")
-                cache._release_all()
+            if cache.backend.device == self.backend.device:
+                cache.fail("", reset, level=logging.INFO)  # the failed capture's warning says why
 
     def log_statistics(self) -> None:
         if self.statistics.calls or self.statistics.keys:

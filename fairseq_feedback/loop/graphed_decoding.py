@@ -63,7 +63,8 @@ class GraphedDecoding:
         for h in x.unbind(0):
             memory_key, memory = self._memory(state)
             if int(state["steps"]) + 1 >= memory.capacity < span + 1:  # grow before the ring would wrap
-                bigger_key, bigger = self._take(state, memory.rows, min(2 * memory.capacity, span + 1), like=memory.slots)
+                bigger_key, bigger = self._take(state, memory.rows, min(2 * memory.capacity, span + 1),
+                                                like=memory.slots)
                 memory.copy_to(bigger, torch.arange(rows, device=h.device), int(state["steps"]))
                 memory_key, memory = bigger_key, bigger
             encoder_key, encoder = self._static_encoder(encoder_kv, encoder_bias, memory.rows // hypotheses)
