@@ -30,8 +30,9 @@ from fairseq_feedback.loop import block_weight_gradients
 from fairseq_feedback import cuda_graphs
 from fairseq_feedback.cuda_graphs import GraphCache, GraphedFunction, RecordedGraphBackend
 from fairseq_feedback.cuda_graphs.backends import SharedPool
-from fairseq_feedback.cuda_graphs.graphed_function import (AFTER_ANOTHER_GRAPH, FIRST_REPLAY, FULLY_CHECKED,
-                                                                   MAX_UNJUDGED, NEW_INPUTS, collector_paused)
+from fairseq_feedback.cuda_graphs.checks import (AFTER_ANOTHER_GRAPH, FIRST_REPLAY, FULLY_CHECKED, MAX_UNJUDGED,
+                                                 NEW_INPUTS, EagerChecks)
+from fairseq_feedback.cuda_graphs.graphed_function import collector_paused
 
 BATCHES = Path(__file__).parent / "data" / "debian_de_en_batches.json"
 STATISTICS = re.compile(r"graph cache \| keys (\d+) \| calls (\d+) \| hits (\d+) \| hit rate ([\d.]+)%")
@@ -397,19 +398,19 @@ def test_a_search_whose_graph_disagrees_continues_eagerly_with_the_eager_hypothe
 # --- what the checks see ------------------------------------------------------------------------------
 
 def test_a_graph_is_checked_at_its_first_replay_at_new_inputs_and_after_another_graphs_replay(monkeypatch):
-    judge, judged = GraphedFunction.judge, []
+    judge, judged = EagerChecks.judge, []
+    cache = stand_in_cache()
 
     def recorded(self, what, got, expected):
-        judged.append(self.shape)
+        judged.append(next(graphed.shape for graphed in cache.graphs.values() if graphed.checks is self))
         return judge(self, what, got, expected)
 
-    monkeypatch.setattr(GraphedFunction, "judge", recorded)
-    cache = stand_in_cache()
+    monkeypatch.setattr(EagerChecks, "judge", recorded)
     for name in "AAABBAA":
         cache(name, lambda x: (x + 1,), [torch.randn(3)], shape=name)
     # A's first replay, its first of new inputs, B's first, and A's first after B's
     assert judged == ["A", "A", "B", "A"]
-    assert all(not graphed.pending for graphed in cache.graphs.values() if graphed.shape == "A")
+    assert all(not graphed.checks.pending for graphed in cache.graphs.values() if graphed.shape == "A")
     judged.clear()
     # past the first few graphs, only a graph's first replay: what the other
     # checks catch is the code's, which every graph shares
@@ -466,9 +467,9 @@ def test_a_step_that_eager_finds_not_finite_is_not_judged_and_the_next_one_is():
     linear_graph(cache, weight, finite)  # its first sighting: eager
     linear_graph(cache, weight, overflowing)
     (graphed,) = cache.graphs.values()
-    assert cache.failed is None and graphed.pending == {FIRST_REPLAY, NEW_INPUTS, AFTER_ANOTHER_GRAPH}
+    assert cache.failed is None and graphed.checks.pending == {FIRST_REPLAY, NEW_INPUTS, AFTER_ANOTHER_GRAPH}
     linear_graph(cache, weight, 2 * finite)
-    assert cache.failed is None and graphed.pending == {AFTER_ANOTHER_GRAPH}
+    assert cache.failed is None and graphed.checks.pending == {AFTER_ANOTHER_GRAPH}
 
     cache("other", lambda x: (x,), [finite])  # its first sighting: eager
     for _ in range(MAX_UNJUDGED):
