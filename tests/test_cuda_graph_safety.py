@@ -114,6 +114,20 @@ def test_the_graph_package_is_general_code_that_imports_nothing_of_this_project(
                 assert not any(alias.name.startswith("fairseq") for alias in node.names), module.name
 
 
+def test_the_graphed_runners_call_nothing_of_the_decoder():
+    """They are handed the functions they replay (FeedbackLoop's), with their
+    inputs: they import nothing of the models, and hold no decoder to call."""
+    loop = Path(cuda_graphs.__file__).parent.parent / "loop"
+    runners = sorted(loop.glob("graphed_*.py"))
+    assert [module.name for module in runners] == ["graphed_decoding.py", "graphed_loop.py"]
+    for module in runners:
+        for node in ast.walk(ast.parse(module.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                assert "models" not in (node.module or ""), (module.name, node.module)
+            assert not (isinstance(node, ast.Name) and "decoder" in node.id.lower()), (module.name, node.lineno)
+            assert not (isinstance(node, ast.arg) and "decoder" in node.arg.lower()), (module.name, node.lineno)
+
+
 # --- the stand-in fails where a GPU would ---------------------------------------------------------
 
 class Owner:
@@ -252,6 +266,33 @@ def test_a_dropped_model_frees_its_graphs_at_once_not_at_the_collectors_next_run
     finally:
         if collector:
             gc.enable()
+
+
+def test_a_graphs_function_holds_the_modules_it_runs_never_the_decoder():
+    """The decoder hands the graphs a function of the modules it runs
+    (loop/feedback_loop.py): with their cache kept, a dropped decoder goes
+    at once, and every graph, training's and decoding's, still replays
+    without it (a function that reached the decoder by a weak reference
+    would fail here)."""
+    model, d = tiny_translation_model("--memory-span", "4", "--dropout", "0", layers=2)
+    model.decoder.use_cuda_graphs("emulate")
+    training_results(model, translation_batches(d))
+    model.eval()
+    src, lengths, _ = batch(d, rows=3, src_len=5)
+    search(model, d, dict(beam_size=2, max_len_b=8), {"net_input": {"src_tokens": src, "src_lengths": lengths}})
+    cache = model.decoder.graphed.cache
+    assert {key[0] == "decode" for key in cache.graphs} == {True, False}
+    decoder = weakref.ref(model.decoder)
+    collector = gc.isenabled()
+    gc.disable()
+    try:
+        del model
+        assert decoder() is None
+    finally:
+        if collector:
+            gc.enable()
+    for graph in recorded_graphs(cache):
+        cache.backend.replay(graph)
 
 
 def test_an_evicted_graph_is_released_there_and_then():
