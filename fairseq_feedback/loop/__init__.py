@@ -13,10 +13,12 @@ ways, eagerly or replayed as CUDA graphs.
         |     +-- reference.py     ReferenceLoop: step by step through autograd, fairseq's modules as
         |     |                    they are (reference_step; memory_views); covers every option
         |     +-- fused_block.py   FusedFeedbackLoop: a block as one autograd Function (BlockFunction),
-        |           |              its backward by hand, weight gradients once per block; fused_step,
-        |           |              a search's step without gradients
+        |           |              its backward by hand, weight gradients once per block; what it
+        |           |              reads, its gradients and its records by name (BlockInputs,
+        |           |              BlockRecords); fused_step, a search's step without gradients
         |           +-- fused_layer.py   FusedLayer: a MemoryDecoderLayer at each step, its sublayers'
-        |                 |              residuals with dropout, pre- or post-norm
+        |                 |              residuals with dropout, pre- or post-norm; WEIGHTED, the one
+        |                 |              list of a layer's weighted modules (the block's parameters)
         |                 +-- operators.py   the per-step pieces and their backwards, each equation
         |                                    beside its code: Linear, Norm, Attention, the residual with
         |                                    dropout, MemoryWindows (relative positions), Mixing (eq. 1);
