@@ -94,12 +94,12 @@ class FeedbackDecoder(MemoryDecoder):
         elif incremental_state is None and graphed is not None and graphed.runs_blocks(x.device, None not in layers):
             x, memories = self._block_graphed(x, previous, span, layers, encoder_kv, encoder_bias)
         else:
-            x, memories = self.run_eagerly(x, previous, span, layers, encoder_kv, encoder_bias, incremental_state)
+            x, memories = self._run_eagerly(x, previous, span, layers, encoder_kv, encoder_bias, incremental_state)
         if stream_state is not None:
             stream_state["memory"] = torch.cat([previous, memories])[-self.span:].detach()
         return x
 
-    def run_eagerly(self, x, previous, span, layers, encoder_kv, encoder_bias, incremental_state):
+    def _run_eagerly(self, x, previous, span, layers, encoder_kv, encoder_bias, incremental_state):
         """The loop from the decoding cache, or from the memory vectors
         `previous`: the top layer's outputs and the memory vectors."""
         buffer = self.memory.cached_keys_values(incremental_state)
