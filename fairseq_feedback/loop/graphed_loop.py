@@ -37,7 +37,7 @@ from .graphed_decoding import GraphedDecoding
 logger = logging.getLogger(__name__)
 
 # fn(x, initial, encoder_kv, encoder_bias) -> (outputs, memory vectors), as FeedbackLoop.block_from
-BlockFunction = Callable[[Tensor, Tensor, Optional[Tensor], Optional[Tensor]], Tuple[Tensor, Tensor]]
+ReplayedBlock = Callable[[Tensor, Tensor, Optional[Tensor], Optional[Tensor]], Tuple[Tensor, Tensor]]
 
 
 class GraphedFeedbackLoop:
@@ -83,7 +83,7 @@ class GraphedFeedbackLoop:
         return (not torch.is_grad_enabled() and self._start(device) is not None
                 and (self.cache.failed is None or search is not None))
 
-    def block(self, fn: BlockFunction, x: Tensor, initial: Tensor, encoder_kv: Optional[Tensor],
+    def block(self, fn: ReplayedBlock, x: Tensor, initial: Tensor, encoder_kv: Optional[Tensor],
               encoder_bias: Optional[Tensor], parameters: Sequence[Tensor], key: Hashable,
               description: str) -> Tuple[Tensor, Tensor]:
         """fn(x, initial, encoder_kv, encoder_bias) at the block's bucket:
