@@ -46,7 +46,8 @@ class FeedbackLoop:
 
     def parameters(self) -> List[nn.Parameter]:
         """Every parameter the loop reads."""
-        return [*self.memory.parameters(), *(p for layer in self.layers if layer is not None for p in layer.parameters()),
+        layers = [layer for layer in self.layers if layer is not None]
+        return [*self.memory.parameters(), *(p for layer in layers for p in layer.parameters()),
                 *([] if self.key_positions is None else [self.key_positions])]
 
     def modules(self) -> List[nn.Module]:
