@@ -30,8 +30,9 @@ from fairseq_feedback.loop import block_weight_gradients
 from fairseq_feedback import cuda_graphs
 from fairseq_feedback.cuda_graphs import GraphCache, GraphedFunction, RecordedGraphBackend
 from fairseq_feedback.cuda_graphs.backends import SharedPool
-from fairseq_feedback.cuda_graphs.graphed_function import (AFTER_ANOTHER_GRAPH, FIRST_REPLAY, FULLY_CHECKED,
-                                                                   MAX_UNJUDGED, NEW_INPUTS, collector_paused)
+from fairseq_feedback.cuda_graphs.checks import (AFTER_ANOTHER_GRAPH, FIRST_REPLAY, FULLY_CHECKED, MAX_UNJUDGED,
+                                                 NEW_INPUTS, EagerChecks)
+from fairseq_feedback.cuda_graphs.graphed_function import collector_paused
 
 BATCHES = Path(__file__).parent / "data" / "debian_de_en_batches.json"
 STATISTICS = re.compile(r"graph cache \| keys (\d+) \| calls (\d+) \| hits (\d+) \| hit rate ([\d.]+)%")
@@ -111,6 +112,20 @@ def test_the_graph_package_is_general_code_that_imports_nothing_of_this_project(
                 assert node.level <= 1 and not (node.module or "").startswith("fairseq"), (module.name, node.module)
             elif isinstance(node, ast.Import):
                 assert not any(alias.name.startswith("fairseq") for alias in node.names), module.name
+
+
+def test_the_graphed_runners_call_nothing_of_the_decoder():
+    """They are handed the functions they replay (FeedbackLoop's), with their
+    inputs: they import nothing of the models, and hold no decoder to call."""
+    loop = Path(cuda_graphs.__file__).parent.parent / "loop"
+    runners = sorted(loop.glob("graphed_*.py"))
+    assert [module.name for module in runners] == ["graphed_decoding.py", "graphed_loop.py"]
+    for module in runners:
+        for node in ast.walk(ast.parse(module.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                assert "models" not in (node.module or ""), (module.name, node.module)
+            assert not (isinstance(node, ast.Name) and "decoder" in node.id.lower()), (module.name, node.lineno)
+            assert not (isinstance(node, ast.arg) and "decoder" in node.arg.lower()), (module.name, node.lineno)
 
 
 # --- the stand-in fails where a GPU would ---------------------------------------------------------
@@ -251,6 +266,33 @@ def test_a_dropped_model_frees_its_graphs_at_once_not_at_the_collectors_next_run
     finally:
         if collector:
             gc.enable()
+
+
+def test_a_graphs_function_holds_the_modules_it_runs_never_the_decoder():
+    """The decoder hands the graphs a function of the modules it runs
+    (loop/feedback_loop.py): with their cache kept, a dropped decoder goes
+    at once, and every graph, training's and decoding's, still replays
+    without it (a function that reached the decoder by a weak reference
+    would fail here)."""
+    model, d = tiny_translation_model("--memory-span", "4", "--dropout", "0", layers=2)
+    model.decoder.use_cuda_graphs("emulate")
+    training_results(model, translation_batches(d))
+    model.eval()
+    src, lengths, _ = batch(d, rows=3, src_len=5)
+    search(model, d, dict(beam_size=2, max_len_b=8), {"net_input": {"src_tokens": src, "src_lengths": lengths}})
+    cache = model.decoder.graphed.cache
+    assert {key[0] == "decode" for key in cache.graphs} == {True, False}
+    decoder = weakref.ref(model.decoder)
+    collector = gc.isenabled()
+    gc.disable()
+    try:
+        del model
+        assert decoder() is None
+    finally:
+        if collector:
+            gc.enable()
+    for graph in recorded_graphs(cache):
+        cache.backend.replay(graph)
 
 
 def test_an_evicted_graph_is_released_there_and_then():
@@ -397,19 +439,19 @@ def test_a_search_whose_graph_disagrees_continues_eagerly_with_the_eager_hypothe
 # --- what the checks see ------------------------------------------------------------------------------
 
 def test_a_graph_is_checked_at_its_first_replay_at_new_inputs_and_after_another_graphs_replay(monkeypatch):
-    judge, judged = GraphedFunction.judge, []
+    judge, judged = EagerChecks.judge, []
+    cache = stand_in_cache()
 
     def recorded(self, what, got, expected):
-        judged.append(self.shape)
+        judged.append(next(graphed.shape for graphed in cache.graphs.values() if graphed.checks is self))
         return judge(self, what, got, expected)
 
-    monkeypatch.setattr(GraphedFunction, "judge", recorded)
-    cache = stand_in_cache()
+    monkeypatch.setattr(EagerChecks, "judge", recorded)
     for name in "AAABBAA":
         cache(name, lambda x: (x + 1,), [torch.randn(3)], shape=name)
     # A's first replay, its first of new inputs, B's first, and A's first after B's
     assert judged == ["A", "A", "B", "A"]
-    assert all(not graphed.pending for graphed in cache.graphs.values() if graphed.shape == "A")
+    assert all(not graphed.checks.pending for graphed in cache.graphs.values() if graphed.shape == "A")
     judged.clear()
     # past the first few graphs, only a graph's first replay: what the other
     # checks catch is the code's, which every graph shares
@@ -466,9 +508,9 @@ def test_a_step_that_eager_finds_not_finite_is_not_judged_and_the_next_one_is():
     linear_graph(cache, weight, finite)  # its first sighting: eager
     linear_graph(cache, weight, overflowing)
     (graphed,) = cache.graphs.values()
-    assert cache.failed is None and graphed.pending == {FIRST_REPLAY, NEW_INPUTS, AFTER_ANOTHER_GRAPH}
+    assert cache.failed is None and graphed.checks.pending == {FIRST_REPLAY, NEW_INPUTS, AFTER_ANOTHER_GRAPH}
     linear_graph(cache, weight, 2 * finite)
-    assert cache.failed is None and graphed.pending == {AFTER_ANOTHER_GRAPH}
+    assert cache.failed is None and graphed.checks.pending == {AFTER_ANOTHER_GRAPH}
 
     cache("other", lambda x: (x,), [finite])  # its first sighting: eager
     for _ in range(MAX_UNJUDGED):

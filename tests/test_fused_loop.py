@@ -13,7 +13,7 @@ import torch
 from helpers import (DEPTHS, assert_same_loss_and_gradients, batch, loss_and_gradients, make_dictionary, tiny_lm,
                      tiny_translation_model)
 
-from fairseq_feedback.loop.fused_block import FusedFeedbackLoop, fused_step
+from fairseq_feedback.loop.fused_block import FusedFeedbackLoop, block_weighted, fused_step
 from fairseq_feedback.loop.reference import ReferenceLoop, reference_step
 
 OPTIONS = {
@@ -145,7 +145,7 @@ def test_with_dropout_the_fused_block_trains_as_the_loop_through_autograd_with_i
     model.zero_grad()
     fused = loss_and_gradients(model, lambda: model(src, src_lengths, prev)[0], target)
     (block,) = blocks
-    masks, activation_masks = block.masks, block.activation_masks
+    masks, activation_masks = block.records.masks, block.records.activation_masks
     assert masks is not None and activation_masks is not None
     steps, layers, sublayers = masks.shape[:3]
     for i, layer in enumerate(model.decoder.layers):  # [steps, sublayers] in the order the loop reads them
@@ -197,6 +197,60 @@ def test_a_second_backward_over_one_block_is_refused_with_the_reason():
         loss.backward()
 
 
+@pytest.mark.parametrize("flags", [["--decoder-normalize-before"], ["--no-feed-forward"]],
+                         ids=["pre-norm (the memory's norm too)", "no feed-forward"])
+def test_the_blocks_parameters_and_their_gradients_follow_one_list_of_its_weighted_modules(flags):
+    """fused_layer.WEIGHTED names a layer's weighted modules once, for the
+    layer and for its pieces alike: the parameters the block takes pair up
+    with the pieces that make their gradients; a backward that made a
+    gradient too few or too many would fail with the field it missed."""
+    model, d = tiny_translation_model("--dropout", "0", *flags, layers=2)
+    src, src_lengths, prev = batch(d)
+    blocks = fused_blocks(model)
+    model(src, src_lengths, prev)[0].sum().backward()
+    (block,) = blocks
+    pieces = block_weighted(block.kv_proj, block.memory_layer_norm, block.layers)
+    paired = [p for piece in pieces for p in (piece.weight, piece.bias)]
+    assert len(paired) == len(block.inputs.parameters) and all(a is b for a, b in zip(paired, block.inputs.parameters))
+    # every weight of the layers and the memory (but the encoder's keys' and values', projected once per sentence)
+    unpaired = {name for name, p in [*model.decoder.layers.named_parameters(), *model.decoder.memory.named_parameters()]
+                if not any(p is q for q in paired)}
+    assert unpaired == {"layer_weights", *(f"{i}.encoder_attn.{proj}.{kind}" for i in range(2)
+                                           for proj in ("k_proj", "v_proj") for kind in ("weight", "bias"))}
+    one_short = block.inputs._replace(parameters=block.inputs.parameters[:-1])
+    with pytest.raises(RuntimeError, match=f"made {len(paired) - 1} gradients for its {len(paired)} parameters"):
+        block.inputs.flat_gradients(one_short)
+
+
+def changed_without_autograd(change):
+    def hook(block):
+        with torch.no_grad():
+            change(block)
+    return hook
+
+
+# what a block's backward reads again, changed in place once its forward has run (by a loop hook)
+CHANGED_IN_PLACE = {
+    "its memory vectors (an output)": lambda block: block.records.memories.mul_(2),
+    "its states, which its layers' inputs are views of": lambda block: block.records.states[1].add_(1),
+    "a layer's weight": lambda block: block.inputs.parameters[-2].add_(1),
+    "the encoder's keys and values": lambda block: block.inputs.encoder_kv.mul_(2),
+}
+
+
+@pytest.mark.parametrize("change", CHANGED_IN_PLACE.values(), ids=CHANGED_IN_PLACE.keys())
+def test_a_backward_over_what_was_changed_in_place_since_the_forward_is_refused(change):
+    """The block's backward reads the records its forward wrote (views of
+    its outputs) and some of its inputs again: changed in place in between,
+    they would give a wrong gradient with no error. Autograd refuses instead
+    (the states, whose view the block hands out, as soon as that view is read)."""
+    model, d = tiny_translation_model("--dropout", "0")
+    src, src_lengths, prev = batch(d)
+    model.decoder.register_loop_hook(changed_without_autograd(change))
+    with pytest.raises(RuntimeError, match="modified (by an )?inplace"):
+        model(src, src_lengths, prev)[0].sum().backward()
+
+
 def test_decoding_without_gradients_records_nothing_for_a_backward():
     """Evaluation and search run the block's forward alone."""
     d = make_dictionary()
@@ -212,7 +266,7 @@ def test_decoding_without_gradients_records_nothing_for_a_backward():
 
 @pytest.mark.parametrize("flags", [[], ["--persistent-vectors", "2"]], ids=["fused", "not covered"])
 def test_a_graphed_search_step_runs_the_fused_layers_where_they_cover_the_options(flags):
-    """Graphed decoding's step (FeedbackDecoder.decoding_step; an eager
+    """Graphed decoding's step (FeedbackLoop.step; an eager
     search runs the fused block) runs fused_step, and reference_step
     where the fused layers do not cover an option."""
     model, d = tiny_translation_model(*flags)

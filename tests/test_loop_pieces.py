@@ -15,7 +15,7 @@ from helpers import tiny_translation_model
 from torch import nn
 
 from fairseq_feedback.loop.fused_block import encoder_reads
-from fairseq_feedback.loop.fused_layer import FusedLayer
+from fairseq_feedback.loop.fused_layer import FusedLayer, weighted
 from fairseq_feedback.loop.operators import (Attention, Linear, MemoryWindows, Mixing, Norm, per_row, residual,
                                              residual_grad)
 from fairseq_feedback.modules.memory_view import MemoryView
@@ -374,8 +374,8 @@ def test_layer(kind, first, dropout):
         if first:
             piece.block_queries_backward(input_grads)
         piece.encoder_attn.key_value_grads(*(g.view(-1, src_len, head_dim) for g in encoder_grads.unbind()))
-        got = piece.weight_grads()
-    modules = FusedLayer.weighted_modules(layer)
+        got = [g for weighted_piece in weighted(piece) for g in weighted_piece.weight_grads()]
+    modules = weighted(layer)
     names = {module: module_name for module_name, module in layer.named_modules()}
     parameters = [p for module in modules for p in (module.weight, module.bias)]
     xs_grad, memory_grad, span_bias_grad, encoder_grad, *parameter_grads = autograd_of(

@@ -1,19 +1,40 @@
 """Functions of fixed-shape tensors replayed as CUDA graphs, forward and
 backward, each checked against the eager computation, the eager path taken
-if anything fails.
+if anything fails. General code: it imports nothing of this project, and a
+caller hands it a function, its inputs, its parameters and a shape key (as
+torch.cuda.make_graphed_callables takes a callable and sample arguments).
 
-- backends.py: the CUDA calls themselves, and the stand-in that runs the
-  same path on any device (--cuda-graphs emulate, and the CPU tests);
-- graphed_function.py: one function's graphs, their checks and fallbacks;
-- graph_cache.py: graphs by shape, bounded in number and bytes;
-- buckets.py: the shapes they are captured at;
-- statistics.py: the hit rate, and the line the log shows.
+    GraphCache(key, fn, inputs, params)          graph_cache.py: graphs by shape key, bounded in number
+        |                                        and bytes; a key's first sighting runs eagerly, its
+        |                                        second captures; gives up at the first failure
+        +-- CacheStatistics                      statistics.py: the hit rate, and the line the log shows
+        +-- PoolLedger                           pool_ledger.py: the pool's replays, and the forward that
+        |                                        awaits its backward (then every call runs eagerly)
+        |
+        +-- GraphedFunction(fn, ...)             graphed_function.py: one function's graphs, captured at
+              |  then graphed(fn, *inputs)       construction (collector paused), replayed at each call,
+              |                                  the eager result at any failure
+              +-- backend.capture / replay       backends.py: CUDA's calls (CudaGraphBackend), or the
+              |                                  stand-in that keeps a GPU's rules on any device
+              +-- StoragesMade                   storages_made.py: what a capture leaves in the pool
+              +-- EagerChecks.due / judge        checks.py: which checks a call is due, and the verdict
+              +-- Replay.apply                   replay.py: a training call as one autograd node, whose
+              |     backward -> GraphedFunction.replay_backward    backward replays the backward graph
+              +-- stage, GraphFailure            failure.py: any error, named by the stage it came from
+
+    bucket, bucket_wide                          buckets.py: the shapes a caller pads its inputs to
+
+Ownership runs one way: a cache owns its graphs, a graph its function and
+static tensors; nothing of a graph points back at its cache or at whoever
+owns the cache, so a dropped cache's graphs are freed at once, never by the
+cyclic collector in the middle of a later capture.
 """
 
 from .backends import CudaGraphBackend, RecordedGraphBackend
 from .buckets import bucket, bucket_wide
+from .failure import GraphFailure
 from .graph_cache import GraphCache
-from .graphed_function import GraphedFunction, GraphFailure, autocast_dtype
+from .graphed_function import GraphedFunction, autocast_dtype
 
 __all__ = ["CudaGraphBackend", "GraphCache", "GraphFailure", "GraphedFunction", "RecordedGraphBackend",
            "autocast_dtype", "bucket", "bucket_wide"]

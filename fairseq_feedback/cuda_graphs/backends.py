@@ -2,7 +2,7 @@
 
 Everything about a graph (capture, replay, the checks, the cache, falling
 back to eager) is one code path, whatever the device (graphed_function.py,
-graph_cache.py). What differs is only this: capturing, replaying and
+checks.py, graph_cache.py). What differs is only this: capturing, replaying and
 releasing a graph, putting the device right after a capture that failed,
 the random generator that dropout draws from, and the device's memory.
 

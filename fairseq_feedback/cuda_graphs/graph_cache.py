@@ -26,7 +26,10 @@ from typing import Hashable, List, Optional, Sequence
 from torch import Tensor
 
 from .backends import device_memory
-from .graphed_function import FULLY_CHECKED, GraphedFunction, GraphFailure, PoolLedger
+from .checks import FULLY_CHECKED
+from .failure import GraphFailure
+from .graphed_function import GraphedFunction
+from .pool_ledger import PoolLedger
 from .statistics import CacheStatistics
 
 logger = logging.getLogger(__name__)

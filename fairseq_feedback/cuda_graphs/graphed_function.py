@@ -1,16 +1,13 @@
-"""A function of fixed-shape tensors replayed as a graph, forward and backward,
-checked against eager, and given up for eager at any failure.
+"""A function of fixed-shape tensors captured as graphs, forward and
+backward, replayed, and given up for eager at any failure.
 
 The feedback loop launches hundreds of small kernels per token, so on a GPU
 it costs launches, not arithmetic: captured once per input shape, a block's
 kernels replay without the host in the way. This follows
 torch.cuda.make_graphed_callables (the forward's graph and the backward's,
-replayed inside an autograd Function so that parameters get their gradients
-through autograd, where DDP's hooks see them). Written here rather than used
-from there because its backward hands autograd detached aliases of the
-graph's gradient buffers, which AccumulateGrad may adopt as a parameter's
-.grad (with --update-freq the next replay would overwrite gradients already
-accumulated), and because it cannot check a graph or fall back.
+replayed inside an autograd Function, replay.py) but captures by hand,
+because that one hands autograd aliases of its gradient buffers and cannot
+check a graph or fall back.
 
 A shape is captured at its second sighting (graph_cache.py): its first ran
 eagerly, forward and backward, which is the warm-up capture needs (lazy
@@ -19,7 +16,9 @@ with Python's cyclic garbage collector paused: a graph it frees during a
 capture (one that a dropped model left in a reference cycle) invalidates
 that capture. A graph holds no reference to its cache or to this object, so
 that nothing of it waits for the collector: it goes when its cache drops it,
-released there and then (`release`).
+released there and then (`release`). The function captured is the caller's:
+what it holds, the graph holds (a caller's function must not hold what
+holds the cache).
 
 Every graph shares one memory pool, so a replay may overwrite memory that
 another graph left there. Nothing a graph leaves in the pool is read after
@@ -27,78 +26,36 @@ another replay: static inputs and decoding state live outside the pool,
 outputs are cloned as they are handed out, gradients are copied into .grad
 by the backward that replays them, and while a training forward awaits its
 backward (its activations are in the pool) every other call runs eagerly
-(PoolLedger). A second backward over the same outputs (retain_graph) runs
-eagerly from the block's inputs, or is refused once the graph has run again
-on other inputs.
+(pool_ledger.py). A second backward over the same outputs (retain_graph)
+runs eagerly from the block's inputs, or is refused once the graph has run
+again on other inputs.
 
-The checks. A replay is compared with the eager computation on the same
-inputs and dropout draws (outputs, and in training gradients), at a
-tolerance by precision: at its first replay, and, for a cache's first
-FULLY_CHECKED graphs, at their first replay of inputs copied in afresh and
-their first replay after another graph replayed (which may have overwritten
-what it left in the pool). Those two catch defects of the code around the
-graphs (a tensor captured from outside the inputs, a result read from the
-pool after another replay), which every graph of a cache shares, so a few
-graphs show them. A step with non-finite values in both results (an fp16
-overflow, which the loss scaler skips) is not judged: the next replay is
-checked instead; non-finite values in the graph's result alone are a
-failure. A mismatch, or a failure at any stage (capture, a replay, the
+Replays are checked against the eager computation while checks are due
+(checks.py). A mismatch, or a failure at any stage (capture, a replay, the
 check's own eager computation), gives the eager result for that call; the
 function records why (`failure`) and its cache gives it up.
 """
 
 import contextlib
 import gc
-import weakref
 from functools import partial
 from typing import Callable, FrozenSet, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
-from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
+
+from .checks import EagerChecks
+from .failure import GraphFailure, stage
+from .pool_ledger import PoolLedger
+from .replay import Replay
+from .storages_made import StoragesMade
 
 Outputs = Tuple[Optional[Tensor], ...]
-
-# the largest difference allowed, relative to the largest value, by precision
-TOLERANCE_FP32, TOLERANCE_HALF = 1e-4, 2e-2
-# checks in a row left unjudged (non-finite values) after which a graph is given up
-MAX_UNJUDGED = 8
-FIRST_REPLAY, NEW_INPUTS, AFTER_ANOTHER_GRAPH = "first replay", "new inputs", "after another graph"
-# a cache's graphs checked at new inputs and after another graph's replay, too
-FULLY_CHECKED = 4
-
-
-class GraphFailure(Exception):
-    """A graph that cannot be trusted: the message says why."""
-
-
-@contextlib.contextmanager
-def stage(name: str):
-    """Any error in this stage is a GraphFailure naming it."""
-    try:
-        yield
-    except Exception as e:  # out of memory, a host sync in the loop, an operator capture refuses, ...
-        message = str(e).splitlines()[0] if str(e) else ""
-        raise GraphFailure(f"{name} failed ({type(e).__name__}: {message})") from e
 
 
 def autocast_dtype(device_type: str) -> Optional[torch.dtype]:
     """The dtype autocast casts to on this kind of device, or None."""
     return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
-
-
-def largest_difference(got: Tensor, expected: Tensor) -> Optional[float]:
-    """max |got - expected| / max |expected|; None where the eager result
-    holds a non-finite value (a step that cannot be judged), infinity where
-    only the graph's does."""
-    got, expected = got.detach().float(), expected.detach().float()
-    if not torch.isfinite(expected).all():
-        return None
-    if not torch.isfinite(got).all():
-        return float("inf")
-    return float((got - expected).abs().max() / expected.abs().max().clamp_min(1e-6))
 
 
 @contextlib.contextmanager
@@ -112,61 +69,6 @@ def collector_paused():
     finally:
         if enabled:
             gc.enable()
-
-
-class _PendingBackward:
-    """Held by a replay's autograd node: alive while its backward may come."""
-
-
-class PoolLedger:
-    """What the graphs of one memory pool must know of each other: how many
-    replays the pool has seen (a graph's leftovers may have been overwritten
-    since its own), and the training forward whose backward is still to come
-    (its activations are in the pool). Held by every graph of the pool and
-    by their cache; it holds no graph."""
-
-    def __init__(self):
-        self.replays = 0
-        self._pending: Optional[Callable] = None  # weak reference to the token of a forward awaiting its backward
-
-    def replayed(self) -> int:
-        self.replays += 1
-        return self.replays
-
-    def await_backward(self) -> _PendingBackward:
-        """A token for the replay's autograd node to hold: while it lives (and
-        its backward has not run), the graph's saved activations are in the pool."""
-        token = _PendingBackward()
-        self._pending = weakref.ref(token)
-        return token
-
-    def backward_done(self) -> None:
-        self._pending = None
-
-    def awaiting_backward(self) -> bool:
-        return self._pending is not None and self._pending() is not None
-
-
-class _StoragesMade(TorchDispatchMode):
-    """The storages that operators make while active; `held()` counts those
-    still alive: what a capture leaves in the pool (static outputs and
-    gradients, and whatever its autograd graph keeps)."""
-
-    def __init__(self):
-        super().__init__()
-        self.made = {}
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if not (func.is_view or func._schema.is_mutable):
-            for t in tree_leaves(out):
-                if isinstance(t, Tensor):
-                    storage = t.untyped_storage()
-                    self.made.setdefault(storage.data_ptr(), (StorageWeakRef(storage), storage.nbytes()))
-        return out
-
-    def held(self) -> int:
-        return sum(nbytes for ref, nbytes in self.made.values() if not ref.expired())
 
 
 def _nbytes(tensors) -> int:
@@ -218,9 +120,9 @@ class GraphedFunction:
     `state`: tensors that fn updates in place (a decoding cache), left as
     they were by capture. `ledger`: what the graphs of the backend's pool
     share. `fully_checked`: checked at new inputs and after another graph's
-    replay too. Raises GraphFailure if capture fails (its device recovered,
-    what it captured released); later failures give this call the eager
-    result and are kept in `failure`."""
+    replay too (checks.py). Raises GraphFailure if capture fails (its device
+    recovered, what it captured released); later failures give this call
+    the eager result and are kept in `failure`."""
 
     def __init__(self, fn: Callable[..., Sequence[Tensor]], sample_inputs: Sequence[Optional[Tensor]],
                  params: Sequence[Tensor], backend, ledger: PoolLedger, state: Sequence[Tensor] = (),
@@ -237,15 +139,13 @@ class GraphedFunction:
         self.training = torch.is_grad_enabled() and bool(self.grad_targets)
         # under --amp: autocast again inside (_run)
         self.autocast = autocast_dtype(self.device_type)
-        self.pending = {FIRST_REPLAY} | ({NEW_INPUTS, AFTER_ANOTHER_GRAPH} if fully_checked else set())
-        self.unjudged = {"outputs": 0, "gradients": 0}  # checks in a row that could not be judged
         self.calls = 0
         self.replays_seen: Optional[int] = None  # the pool's replay count after this graph's last replay
         self.failure: Optional[GraphFailure] = None  # why this graph gave its call the eager result
         self.eager_passes = 0  # eager forward (and backward) passes this graph cost beyond its calls' own
         self.forward_graph = self.backward_graph = None
 
-        rng, made, recorded = self.generator.get_state(), _StoragesMade(), _Recorded()
+        rng, made, recorded = self.generator.get_state(), StoragesMade(), _Recorded()
         try:
             with collector_paused(), torch.autocast(self.device_type, enabled=False):
                 with stage("capture"), made:
@@ -266,7 +166,7 @@ class GraphedFunction:
             self._restore(before)
         self.eager_passes += 1
         precise = self.autocast is None and all(o.dtype in (torch.float32, torch.float64) for o in self.outputs)
-        self.tolerance = TOLERANCE_FP32 if precise else TOLERANCE_HALF
+        self.checks = EagerChecks(fully_checked, precise)
         self.nbytes = made.held() + _nbytes([*self.inputs, *self.grad_outputs])
 
     def release(self) -> None:
@@ -301,21 +201,13 @@ class GraphedFunction:
         for static, x in zip(self.inputs, inputs):
             if static is not None:
                 static.detach().copy_(x)
-        due = self._checks_due()
+        due = self.checks.due(self.replays_seen, self.ledger.replays)
         if self.training:
-            outputs = _Replay.apply(self, fn, due, *inputs, *self.params)
+            outputs = Replay.apply(self, fn, due, *inputs, *self.params)
         else:
             outputs, _, _ = self.replay_forward(fn, due)
         # cloned: what a caller keeps (features, a criterion's second look) outlives the next replay
         return tuple(o.clone() for o in outputs)
-
-    def _checks_due(self) -> FrozenSet[str]:
-        met = {FIRST_REPLAY}  # until one is judged
-        if self.replays_seen is not None:
-            met.add(NEW_INPUTS)
-            if self.ledger.replays != self.replays_seen:
-                met.add(AFTER_ANOTHER_GRAPH)
-        return frozenset(met & self.pending)
 
     def replay_forward(self, fn: Callable, due: FrozenSet[str]) -> Tuple[Outputs, Optional[Outputs], bool]:
         """This call's outputs; the eager computation's when it is checked or
@@ -334,7 +226,7 @@ class GraphedFunction:
                 self.eager_passes += 1
                 with stage("the check's eager forward"):
                     expected = self._rerun(fn, rng, before)
-                judged = self.judge("outputs", self.outputs, expected)
+                judged = self.checks.judge("outputs", self.outputs, expected)
         except GraphFailure as e:
             failure = e
         if failure is not None:  # outside the except: nothing of the failure is held while eager runs
@@ -344,7 +236,7 @@ class GraphedFunction:
         if not due:
             return self.outputs, None, False
         if judged and not self.training:
-            self.pending -= due
+            self.checks.passed(due)
         self._restore(replayed)
         return self.outputs, expected, judged
 
@@ -355,6 +247,7 @@ class GraphedFunction:
         return self.forward_eagerly(fn)
 
     def replay_backward(self, ctx, grad_outputs: Sequence[Tensor]) -> List[Optional[Tensor]]:
+        """The gradients of a Replay node's inputs and parameters (replay.py)."""
         self.ledger.backward_done()
         if ctx.backwards:
             # a second backward over these outputs (retain_graph): other graphs
@@ -393,8 +286,8 @@ class GraphedFunction:
         if ctx.expected is not None:
             with stage("the check's eager backward"):
                 eager = self.gradients(ctx.expected, grad_outputs)
-            if self.judge("gradients", self.grads, eager) and ctx.judged:
-                self.pending -= ctx.due
+            if self.checks.judge("gradients", self.grads, eager) and ctx.judged:
+                self.checks.passed(ctx.due)
         return self.grads
 
     def _eager_gradients(self, ctx, grad_outputs: Sequence[Tensor]) -> Outputs:
@@ -405,46 +298,3 @@ class GraphedFunction:
         outputs = self._rerun(ctx.fn, ctx.rng, ())
         self.generator.set_state(after)
         return self.gradients(outputs, grad_outputs)
-
-    def judge(self, what: str, got: Outputs, expected: Outputs) -> bool:
-        """Whether the graph's `got` passed against eager's `expected`: False
-        if the step cannot be judged (eager's not finite); raises GraphFailure
-        if they differ (the graph's alone not finite, too), or after
-        MAX_UNJUDGED steps in a row that could not be judged."""
-        differences = [largest_difference(g, e) for g, e in zip(got, expected) if g is not None and e is not None]
-        if None in differences:
-            self.unjudged[what] += 1
-            if self.unjudged[what] >= MAX_UNJUDGED:
-                raise GraphFailure(f"its {what} were not finite at {MAX_UNJUDGED} checks in a row")
-            return False
-        self.unjudged[what] = 0
-        worst = max(differences, default=0.0)
-        if worst == float("inf"):
-            raise GraphFailure(f"its {what} are not finite where eager's are")
-        if worst > self.tolerance:
-            raise GraphFailure(f"its {what} differ from eager by {worst:.3g} (at most {self.tolerance:g})")
-        return True
-
-
-class _Replay(torch.autograd.Function):
-    """A GraphedFunction's call as one autograd node over its inputs and
-    parameters. The gradients handed back are the backward graph's buffers
-    themselves, held by it: autograd copies them into .grad rather than
-    adopting them."""
-
-    @staticmethod
-    def forward(ctx, graphed: GraphedFunction, fn: Callable, due: FrozenSet[str], *inputs_and_params):
-        ctx.graphed, ctx.fn, ctx.due = graphed, fn, due
-        ctx.pending = graphed.ledger.await_backward()
-        ctx.rng = graphed.generator.get_state()
-        ctx.call, ctx.backwards = graphed.calls, 0
-        outputs, ctx.expected, ctx.judged = graphed.replay_forward(fn, due)
-        ctx.eager = outputs is ctx.expected  # the graph failed: eager for the backward too
-        outputs = tuple(o.detach() for o in outputs)
-        ctx.mark_non_differentiable(*[o for o, d in zip(outputs, graphed.differentiable) if not d])
-        return outputs
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, *grad_outputs):
-        return (None, None, None, *ctx.graphed.replay_backward(ctx, grad_outputs))

@@ -3,8 +3,9 @@
 The fused block (fused_block.py) and the fused search step cover the
 options that training and decoding use; for the others the decoder runs
 the reference loop (reference.py) step by step through autograd: the same
-numbers, more operators. FeedbackDecoder.unfused_reason asks here, for its
-loop (feedback_loop), its search step (decoding_step) and its CUDA graphs.
+numbers, more operators. FeedbackDecoder.unfused_reason asks here, for the
+loop it builds (feedback_loop.py: its blocks and a search's steps, eager or
+graphed).
 """
 
 from typing import Optional, Sequence

@@ -29,9 +29,22 @@ kernel costs more than that at this size on the CPU; its backward, ten
 times more). Dropout masks are drawn once per block, one Bernoulli draw for
 every layer and step, scaled beforehand: a residual with dropout is one
 addcmul.
+
+The block's contract is kept by name. What it reads is a BlockInputs; its
+backward hands back a BlockInputs of their gradients, checked against the
+inputs field by field, and autograd takes both flattened the same way. The
+parameters, and their gradients, follow one list of the weighted modules
+(fused_layer.WEIGHTED, through block_weighted). What the forward keeps for
+the backward, besides each piece's own records, is a BlockRecords; the
+pieces' records of their inputs are views of its `states` and `memories`,
+which the block hands out as its outputs, so BlockFunction saves them, and
+every input its backward reads, for backward: autograd refuses a backward
+over any of them changed in place since the forward (a wrong gradient
+otherwise).
 """
 
-from typing import Optional, Sequence, Tuple
+from dataclasses import dataclass
+from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -39,8 +52,58 @@ from torch.autograd.function import once_differentiable
 
 from ..modules.key_value_buffer import KeyValueBuffer
 from ..modules.memory_decoder_layer import per_layer
-from .fused_layer import FusedLayer
+from .fused_layer import FusedLayer, weighted
 from .operators import Linear, MemoryWindows, Mixing, Norm, per_row
+
+
+def block_weighted(kv_proj, memory_layer_norm, layers: Sequence) -> list:
+    """A block's weighted modules, or their pieces: the memory's key/value
+    projection and norm (pre-norm: else None), then each layer's
+    (fused_layer.weighted; None where LayerDrop left a layer out), in the
+    order of BlockInputs.parameters."""
+    return [kv_proj, *([] if memory_layer_norm is None else [memory_layer_norm]),
+            *(m for layer in layers if layer is not None for m in weighted(layer))]
+
+
+class BlockInputs(NamedTuple):
+    """What a block reads, by name; its gradients come back in the same
+    structure, None where none is needed. BlockFunction takes it flattened
+    (`flat`), for autograd to route a gradient to each tensor."""
+
+    x: Tensor  # the first layer's inputs, [steps, rows, embed]
+    encoder_kv: Optional[Tensor]  # every layer's, [layers, 2, sequences, heads, src_len, head_dim]
+    positions: Optional[Tensor]  # relative positions of a full window, [span, head_dim]
+    mixing_weights: Tensor  # eq. 1's, [layers + 1]
+    span_biases: Tuple[Optional[Tensor], ...]  # each layer's adaptive span, log m(e) [heads, 1, span]
+    window: Tuple[Tensor, ...]  # the slots that step 0 reads, a [rows, heads, slots, head_dim] per plane
+    parameters: Tuple[Tensor, ...]  # each of block_weighted's weight and bias
+
+    def flat(self) -> List[Optional[Tensor]]:
+        return [self.x, self.encoder_kv, self.positions, self.mixing_weights, *self.span_biases, *self.window,
+                *self.parameters]
+
+    def flat_gradients(self, grads: "BlockInputs") -> List[Optional[Tensor]]:
+        """`grads`, the gradients of these inputs, flattened as `flat`
+        flattens the inputs; raises if a field holds a different count."""
+        for name, inputs, input_grads in zip(self._fields, self, grads):
+            if isinstance(inputs, tuple) and len(input_grads) != len(inputs):
+                raise RuntimeError(f"the fused block's backward made {len(input_grads)} gradients for its "
+                                   f"{len(inputs)} {name}")
+        return grads.flat()
+
+
+@dataclass
+class BlockRecords:
+    """What a block's forward keeps for its backward, besides its pieces'
+    own records (operators.StepRecords): tensors of the whole block, which
+    the steps write into and read, step t at index t (of dimension 1 for
+    `states` and `slots`)."""
+
+    states: Tensor  # x_t^0 .. x_t^L, [layers + 1, steps, rows, embed], eq. 1's inputs; the outputs are x^L
+    memories: Tensor  # m_t, [steps, rows, embed]
+    slots: Tensor  # the memory's keys and values, [planes, rows, heads, initial + steps, head_dim]
+    masks: Optional[Tensor]  # dropout's, scaled: [steps, layers, sublayers, rows, embed]
+    activation_masks: Optional[Tensor]  # the activation's dropout, scaled: [steps, layers, rows, ffn]
 
 
 def encoder_reads(encoder_kv: Sequence[Optional[Tuple[Tensor, Tensor]]], encoder_bias: Optional[Tensor], rows: int):
@@ -71,10 +134,10 @@ def fused_step(x: Tensor, views: Sequence, layers: Sequence, encoder_kv: Sequenc
 
 
 class FusedFeedbackLoop:
-    """FeedbackDecoder.feedback_loop for one block, as one autograd Function.
+    """FeedbackLoop.block (feedback_loop.py) for one block, as one autograd Function.
 
     `memory`: the decoder's FeedbackMemory; `layers`, `buffer`, `window`,
-    `span`: as feedback_loop takes them (None where LayerDrop left a layer
+    `span`: as FeedbackLoop.block takes them (None where LayerDrop left a layer
     out; the memory's key/value slots; the window that step 0 reads; the
     slots a step reads at most); `positions`: the relative positions of a
     full window [span, head_dim], or None; `span_biases`: each layer's
@@ -88,26 +151,24 @@ class FusedFeedbackLoop:
     The buffer gets the new slots at the end of the block.
 
     Once called, a block shows (FeedbackDecoder.register_loop_hook) whether
-    it records for a backward (`recording`), its dropout masks (`masks`
-    [steps, layers, sublayers, rows, embed] and `activation_masks` [steps,
-    layers, rows, ffn], scaled, or None), and whether its attention keeps
-    its weights for the backward (`keep_probs`)."""
+    it records for a backward (`recording`), its dropout masks (`records`:
+    BlockRecords' masks and activation_masks), and whether its attention
+    keeps its weights for the backward (`keep_probs`)."""
 
     def __init__(self, memory, layers: Sequence, buffer: KeyValueBuffer, window: Tuple[Tensor, ...], span: int,
                  positions: Optional[Tensor], span_biases: Sequence[Optional[Tensor]], weights: Tensor):
         self.memory, self.module_layers = memory, layers
         self.buffer, self.window, self.span, self.initial = buffer, window, span, window[0].size(2)
         self.plane_count, self.heads, self.head_dim = memory.planes, memory.num_heads, memory.head_dim
-        self.positions, self.weights, self.span_biases = positions, weights, list(span_biases)
-        self.parameters = [memory.kv_proj.weight, memory.kv_proj.bias]
-        if memory.layer_norm is not None:
-            self.parameters += [memory.layer_norm.weight, memory.layer_norm.bias]
-        self.parameters += [p for layer in layers if layer is not None
-                            for m in FusedLayer.weighted_modules(layer) for p in (m.weight, m.bias)]
+        self.positions, self.weights, self.span_biases = positions, weights, tuple(span_biases)
 
     def __call__(self, x: Tensor, encoder_kv: Optional[Tensor], encoder_bias: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
         """The top layer's outputs and the memory vectors, [steps, rows, embed] each."""
-        inputs = [x, encoder_kv, self.positions, self.weights, *self.span_biases, *self.window, *self.parameters]
+        parameters = tuple(p for m in block_weighted(self.memory.kv_proj, self.memory.layer_norm, self.module_layers)
+                           for p in (m.weight, m.bias))
+        self.inputs = BlockInputs(x, encoder_kv, self.positions, self.weights, self.span_biases, self.window,
+                                  parameters)
+        inputs = self.inputs.flat()
         recording = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs)
         with torch.no_grad():  # the block's backward is its own
             self._start(x, encoder_kv, encoder_bias, recording)
@@ -133,40 +194,41 @@ class FusedFeedbackLoop:
                        for i, layer in enumerate(self.module_layers)]
         self.present = [layer for layer in self.layers if layer is not None]
 
-        self.slots = x.new_empty(self.plane_count, rows, self.heads, self.initial + steps, self.head_dim)
-        self.slots[:, :, :, : self.initial] = torch.stack(self.window)
+        slots = x.new_empty(self.plane_count, rows, self.heads, self.initial + steps, self.head_dim)
+        slots[:, :, :, : self.initial] = torch.stack(self.window)
         self.encoder_reads = encoder_reads(per_layer(encoder_kv, len(self.layers)), encoder_bias, rows)
         self.biases = [None if b is None else per_row(b, rows) for b in self.span_biases]
-        self._draw_masks(x)
-
         # x_t^0 .. x_t^L, the states that eq. 1 mixes; a pre-norm layer writes its output here
-        self.states = x.new_empty(len(self.layers) + 1, steps, rows, embed)
-        self.states[0] = x
-        self.memories = x.new_empty(steps, rows, embed)
-        self.mixing = Mixing(self.weights, self.states)
+        states = x.new_empty(len(self.layers) + 1, steps, rows, embed)
+        states[0] = x
+        self.records = BlockRecords(states, x.new_empty(steps, rows, embed), slots, *self._draw_masks(x))
+        self.mixing = Mixing(self.weights, states)
         if recording:
-            for layer, inputs in zip(self.layers, self.states):
+            for layer, inputs in zip(self.layers, states):
                 if layer is not None:
                     layer.read_inputs_from(inputs)
-            (self.kv_proj if self.memory_layer_norm is None else self.memory_layer_norm).inputs.write_into(self.memories)
+            memory_reader = self.kv_proj if self.memory_layer_norm is None else self.memory_layer_norm
+            memory_reader.inputs.write_into(self.records.memories)
 
-    def _draw_masks(self, x: Tensor) -> None:
-        """Every dropout mask of the block in one draw, scaled by 1 / (1 - p)."""
+    def _draw_masks(self, x: Tensor) -> Tuple[Optional[Tensor], Optional[Tensor]]:
+        """Every dropout mask of the block in one draw, scaled by 1 / (1 - p):
+        the sublayers' and the activations' (None: no dropout)."""
         steps, rows, embed = x.shape
         first = self.present[0] if self.present else None
-        self.masks = self.activation_masks = None
+        masks = activation_masks = None
         if first is not None and first.dropout:
             keep = 1 - first.dropout
             shape = (steps, len(self.layers), len(first.sublayers), rows, embed)
-            self.masks = x.new_empty(shape).bernoulli_(keep).div_(keep)
+            masks = x.new_empty(shape).bernoulli_(keep).div_(keep)
         if first is not None and first.activation_dropout:
             keep = 1 - first.activation_dropout
             shape = (steps, len(self.layers), rows, first.fc1.weight.size(0))
-            self.activation_masks = x.new_empty(shape).bernoulli_(keep).div_(keep)
+            activation_masks = x.new_empty(shape).bernoulli_(keep).div_(keep)
         # each step's and layer's views, made once
         self.mask_views, self.activation_mask_views = (
-            [[None] * len(self.layers)] * steps if masks is None else [list(at_t.unbind(0)) for at_t in masks.unbind(0)]
-            for masks in (self.masks, self.activation_masks))
+            [[None] * len(self.layers)] * steps if drawn is None else [list(at_t.unbind(0)) for at_t in drawn.unbind(0)]
+            for drawn in (masks, activation_masks))
+        return masks, activation_masks
 
     def _masks(self, t: int, layer: int):
         return self.mask_views[t][layer], self.activation_mask_views[t][layer]
@@ -174,7 +236,7 @@ class FusedFeedbackLoop:
     # --- forward ------------------------------------------------------------------------------------
 
     def forward(self) -> Tuple[Tensor, Tensor]:
-        states, memories, slots = self.states, self.memories, self.slots
+        states, memories, slots = self.records.states, self.records.memories, self.records.slots
         rows = memories.size(1)
         pre_norm = bool(self.present) and self.present[0].pre_norm
         if self.layers and self.layers[0] is not None:
@@ -203,10 +265,18 @@ class FusedFeedbackLoop:
 
     # --- backward -----------------------------------------------------------------------------------
 
-    def backward(self, output_grads: Optional[Tensor], outside_memory_grads: Optional[Tensor]):
-        """The gradients of BlockFunction's inputs, from those of the top
-        layer's outputs and of the memory vectors (None: no gradient)."""
-        states, slots, encoder_kv, mixing = self.states, self.slots, self.encoder_kv, self.mixing
+    def read_by_backward(self) -> List[Optional[Tensor]]:
+        """What the backward reads from outside the block, once the forward
+        has run: its outputs' records (BlockRecords' states and memories),
+        and the inputs it reads again (not x and the window: copied)."""
+        inputs = self.inputs
+        return [self.records.states, self.records.memories, inputs.encoder_kv, inputs.positions,
+                inputs.mixing_weights, *inputs.span_biases, *inputs.parameters]
+
+    def backward(self, output_grads: Optional[Tensor], outside_memory_grads: Optional[Tensor]) -> BlockInputs:
+        """The gradients of the block's inputs, from those of the top layer's
+        outputs and of the memory vectors (None: no gradient)."""
+        states, slots, encoder_kv, mixing = self.records.states, self.records.slots, self.encoder_kv, self.mixing
         _, steps, rows, _ = states.shape
         slot_grads = torch.zeros_like(slots)
         encoder_grads = None
@@ -257,24 +327,26 @@ class FusedFeedbackLoop:
         for layer, grads in zip(self.layers, [] if encoder_grads is None else encoder_grads.unbind()):
             if layer is not None:
                 layer.encoder_attn.key_value_grads(*(g.view(-1, *g.shape[-2:]) for g in grads.unbind()))
-        window_grads = slot_grads[:, :, :, : self.initial].unbind(0)
-        parameter_grads = [*self.kv_proj.weight_grads(),
-                           *([] if self.memory_layer_norm is None else self.memory_layer_norm.weight_grads()),
-                           *(g for layer in self.present for g in layer.weight_grads())]
-        return (input_grads, encoder_grads, position_grads, mixing.weight_grads(), *bias_grads, *window_grads,
-                *parameter_grads)
+        pieces = block_weighted(self.kv_proj, self.memory_layer_norm, self.layers)
+        return BlockInputs(x=input_grads, encoder_kv=encoder_grads, positions=position_grads,
+                           mixing_weights=mixing.weight_grads(), span_biases=tuple(bias_grads),
+                           window=slot_grads[:, :, :, : self.initial].unbind(0),
+                           parameters=tuple(g for piece in pieces for g in piece.weight_grads()))
 
 
 class BlockFunction(torch.autograd.Function):
-    """A FusedFeedbackLoop's block as one autograd node. `inputs`: what the
-    block reads (it holds them already), for autograd to route their
-    gradients."""
+    """A FusedFeedbackLoop's block as one autograd node. `inputs`: its
+    BlockInputs, flattened (the block holds them already), for autograd to
+    route their gradients. What the backward reads from outside the block
+    is saved for backward, only for autograd's check of its versions."""
 
     @staticmethod
     def forward(ctx, loop: FusedFeedbackLoop, *inputs):
         ctx.loop = loop
         ctx.set_materialize_grads(False)
-        return loop.forward()
+        outputs = loop.forward()
+        ctx.save_for_backward(*loop.read_by_backward())
+        return outputs
 
     @staticmethod
     @once_differentiable
@@ -282,5 +354,6 @@ class BlockFunction(torch.autograd.Function):
         if ctx.loop is None:
             raise RuntimeError("the fused feedback loop's backward ran twice over one block; its activations are "
                                "freed by the first (as autograd frees saved tensors without retain_graph)")
+        ctx.saved_tensors  # unpacked for autograd's check: it raises if any was changed in place since the forward
         loop, ctx.loop = ctx.loop, None  # what the block kept for its backward goes with it
-        return (None, *loop.backward(output_grads, memory_grads))
+        return (None, *loop.inputs.flat_gradients(loop.backward(output_grads, memory_grads)))

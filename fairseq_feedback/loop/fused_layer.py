@@ -17,7 +17,8 @@ dropout d_a:
     g_h = fc2'(g_f),   g_u = act'(u) * (d_a * g_h),   g_x = fc1'(g_u)
 """
 
-from typing import Dict, List, Optional, Tuple
+from operator import attrgetter
+from typing import Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -32,6 +33,25 @@ ACTIVATIONS = {F.relu: "relu", fairseq_gelu: "gelu"}
 # head_dim] and a bias on the scores; the encoder's also its rows per sequence
 MemoryRead = Tuple[Tensor, Tensor, Optional[Tensor]]
 EncoderRead = Tuple[Tensor, Tensor, Optional[Tensor], int]
+
+# The one list of a layer's weighted modules (a weight and a bias each), by
+# sublayer: the sublayer's attribute (None where the layer has none) and its
+# modules' names, which a MemoryDecoderLayer and a FusedLayer (its pieces)
+# share. The block's parameters and their gradients follow it (fused_block.py):
+# a new weight is one more name here, and its piece's weight_grads.
+WEIGHTED = (
+    ("self_attn", ("self_attn.q_proj", "self_attn.out_proj", "self_attn_layer_norm")),
+    ("encoder_attn", ("encoder_attn.q_proj", "encoder_attn.out_proj", "encoder_attn_layer_norm")),
+    ("fc1", ("fc1", "fc2", "final_layer_norm")),
+)
+_WEIGHTED_GETTERS = tuple((sublayer, tuple(map(attrgetter, names))) for sublayer, names in WEIGHTED)
+
+
+def weighted(layer) -> list:
+    """The weighted modules of `layer`, a MemoryDecoderLayer, or their
+    pieces (operators.Linear, Norm), of a FusedLayer, in WEIGHTED's order."""
+    return [get(layer) for sublayer, getters in _WEIGHTED_GETTERS if getattr(layer, sublayer) is not None
+            for get in getters]
 
 
 class FusedLayer:
@@ -49,37 +69,20 @@ class FusedLayer:
         self.self_attn_layer_norm = Norm(layer.self_attn_layer_norm, 1 if first and self.pre_norm else steps,
                                          recording)
         self.sublayers = [(self.self_attn_layer_norm, self.self_attn.out_proj)]  # (norm, last linear layer)
-        self.weighted = [self.self_attn.q_proj, self.self_attn.out_proj, self.self_attn_layer_norm]
         self.encoder_attn = self.fc1 = None
         if layer.encoder_attn is not None:
             self.encoder_attn = Attention(layer.encoder_attn, steps, recording)
             self.encoder_attn_layer_norm = Norm(layer.encoder_attn_layer_norm, steps, recording)
             self.sublayers.append((self.encoder_attn_layer_norm, self.encoder_attn.out_proj))
-            self.weighted += [self.encoder_attn.q_proj, self.encoder_attn.out_proj, self.encoder_attn_layer_norm]
         if layer.fc1 is not None:
             self.fc1, self.fc2 = Linear(layer.fc1, steps, recording), Linear(layer.fc2, steps, recording)
             self.final_layer_norm = Norm(layer.final_layer_norm, steps, recording)
             self.activation = ACTIVATIONS[layer.activation_fn]
             self.activation_saved: Dict[int, Tensor] = {}  # relu's output, gelu's input
             self.sublayers.append((self.final_layer_norm, self.fc2))
-            self.weighted += [self.fc1, self.fc2, self.final_layer_norm]
         self.dropout = layer.dropout_module.p if layer.training else 0.0
         self.activation_dropout = layer.activation_dropout_module.p if layer.training and self.fc1 else 0.0
         self.block_queries: Optional[Tensor] = None  # [steps, rows, embed]
-
-    @staticmethod
-    def weighted_modules(layer) -> list:
-        """A MemoryDecoderLayer's modules with a weight and a bias, in the order of FusedLayer.weighted."""
-        modules = [layer.self_attn.q_proj, layer.self_attn.out_proj, layer.self_attn_layer_norm]
-        if layer.encoder_attn is not None:
-            modules += [layer.encoder_attn.q_proj, layer.encoder_attn.out_proj, layer.encoder_attn_layer_norm]
-        if layer.fc1 is not None:
-            modules += [layer.fc1, layer.fc2, layer.final_layer_norm]
-        return modules
-
-    def weight_grads(self) -> List[Tensor]:
-        """The gradients of weighted_modules' weights and biases, in order."""
-        return [g for piece in self.weighted for g in piece.weight_grads()]
 
     def read_inputs_from(self, states: Tensor) -> None:
         """The layer's inputs, [steps, rows, embed], as what reads them

@@ -12,12 +12,14 @@ source positions. Beam search reorders the memory in place; the rows of
 finished sentences stay, zeroed, as padding. One graph per shape then serves
 every step of every search of that shape: a key is shapes, never a buffer's
 identity, and a buffer stays as long as a cached graph was captured over it.
-The step is FeedbackDecoder.decoding_step, over every slot.
+
+The step is the decoder's (FeedbackLoop.step, over every slot), handed over
+with each call; a search's state (`start`) is kept by the decoder in
+fairseq's incremental state and handed back with each call.
 """
 
-import weakref
 from collections import OrderedDict
-from typing import List, Optional, Tuple
+from typing import Callable, Hashable, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -25,7 +27,6 @@ from torch import Tensor
 
 from ..errors import FeedbackUsageError
 from ..cuda_graphs import GraphCache, autocast_dtype, bucket_wide
-from .host import Layers, LoopHost
 from .static_memory import StaticMemory
 
 # Static memories and encoder buffers that no cached graph was captured over
@@ -43,88 +44,85 @@ class GraphedDecoding:
         self.searches = 0
         self.serving = (0, None)  # (search, key of its static memory): one search at a time
 
-    def serves(self, decoder: LoopHost, incremental_state) -> bool:
-        """Whether this search runs over a static memory (it started here)."""
-        return decoder.get_incremental_state(incremental_state, "static_memory") is not None
+    def start(self, x: Tensor, span: int, encoder_kv: Optional[Tensor], hypotheses: int,
+              empty_memory: Callable[[int, Tensor], Tensor]) -> dict:
+        """A new search of the new tokens x [time, rows, embed], `hypotheses`
+        rows per sentence: a static memory holding m_{-1} (`empty_memory(rows,
+        like)`: its keys and values), of the search's rows and of a capacity
+        for twice its padded source (or its prefix). Returns the search's
+        state, for the decoder to keep and hand to each call."""
+        self.searches += 1
+        steps, rows, _ = x.shape
+        search = {"search": torch.tensor(self.searches, device="cpu"), "rows": torch.tensor(rows, device="cpu"),
+                  "steps": torch.tensor(0, device="cpu"), "hypotheses": torch.tensor(hypotheses, device="cpu")}
+        guess = 2 ** steps.bit_length() if encoder_kv is None else 2 * bucket_wide(encoder_kv.size(4))
+        capacity = min(max(16, guess), span + 1)
+        initial = empty_memory(bucket_wide(rows // hypotheses) * hypotheses, x)
+        self._take(search, initial.size(2), capacity, like=initial)[1].start(initial)
+        return search
 
-    def decode(self, decoder: LoopHost, x: Tensor, span: int, layers: Layers, encoder_kv: Optional[Tensor],
-               encoder_bias: Optional[Tensor], incremental_state) -> Tensor:
+    def decode(self, step: Callable, x: Tensor, span: int, search: dict, encoder_kv: Optional[Tensor],
+               encoder_bias: Optional[Tensor], parameters, key: Hashable, description: str) -> Tensor:
         """fairseq's incremental decoding of the new tokens x [time, rows,
-        embed], one captured step each; returns the top layer's outputs."""
-        state = decoder.get_incremental_state(incremental_state, "static_memory")
-        if state is None:
-            state = self._start(decoder, x, span, encoder_kv, decoder.hypotheses_per_sentence(incremental_state))
-            decoder.set_incremental_state(incremental_state, "static_memory", state)
-        rows, hypotheses = int(state["rows"]), int(state["hypotheses"])
-        parameters = tuple(p.data_ptr() for p in decoder.loop_parameters())  # moved or converted: the graphs are stale
+        embed], one captured step each, for the search `search`; returns the
+        top layer's outputs. step(x, window, distance, encoder_kv,
+        encoder_bias) -> (top layer's output, m_t's keys and values), over the
+        memory's every slot at `distance` steps back, `span` at most visible;
+        `parameters`: what it reads (moved or converted: the graphs are
+        stale); `key`: what else its graph depends on, and `description` it
+        in words, for the log."""
+        rows, hypotheses = int(search["rows"]), int(search["hypotheses"])
+        parameters = tuple(p.data_ptr() for p in parameters)
         autocast = autocast_dtype(x.device.type)
-        decoder = weakref.proxy(decoder)  # a graph's function must not hold what holds its cache
         outputs = []
         for h in x.unbind(0):
-            memory_key, memory = self._memory(state)
-            if int(state["steps"]) + 1 >= memory.capacity < span + 1:  # grow before the ring would wrap
-                bigger_key, bigger = self._take(state, memory.rows, min(2 * memory.capacity, span + 1),
+            memory_key, memory = self._memory(search)
+            if int(search["steps"]) + 1 >= memory.capacity < span + 1:  # grow before the ring would wrap
+                bigger_key, bigger = self._take(search, memory.rows, min(2 * memory.capacity, span + 1),
                                                 like=memory.slots)
-                memory.copy_to(bigger, torch.arange(rows, device=h.device), int(state["steps"]))
+                memory.copy_to(bigger, torch.arange(rows, device=h.device), int(search["steps"]))
                 memory_key, memory = bigger_key, bigger
             encoder_key, encoder = self._static_encoder(encoder_kv, encoder_bias, memory.rows // hypotheses)
-            key = ("decode", memory_key, encoder_key, span, tuple(layer is not None for layer in layers), autocast,
-                   parameters)
+            graph_key = ("decode", memory_key, encoder_key, key, autocast, parameters)
             shape = (f"decoding {memory.rows} rows, {memory.capacity} memory slots"
                      + ("" if encoder[0] is None else f", {encoder[0].size(4)} source positions")
-                     + f", span {span}, {h.dtype}{', autocast' if autocast else ''}")
+                     + f", {description}, {h.dtype}{', autocast' if autocast else ''}")
 
-            def step(x, memory=memory, encoder=encoder):
-                """FeedbackDecoder.decoding_step at step t over every slot; then m_t joins the memory."""
+            def step_over_the_ring(x, memory=memory, encoder=encoder):
+                """The step at step t over every slot; then m_t joins the memory."""
                 window, distance = memory.read()
-                out, kv = decoder.decoding_step(x, window, distance, span, layers, encoder[0], encoder[1])
+                out, kv = step(x, window, distance, encoder[0], encoder[1])
                 memory.write(kv)
                 return (out,)
 
-            (out,) = self.cache(key, step, [F.pad(h, (0, 0, 0, memory.rows - rows))],
+            (out,) = self.cache(graph_key, step_over_the_ring, [F.pad(h, (0, 0, 0, memory.rows - rows))],
                                 state=[memory.slots, memory.slot_steps, memory.step], shape=shape)
             outputs.append(out[:rows])
-            state["steps"] += 1
+            search["steps"] += 1
         return torch.stack(outputs)
 
-    def _start(self, decoder: LoopHost, x: Tensor, span: int, encoder_kv: Optional[Tensor], hypotheses: int):
-        """A new search: a static memory holding m_{-1}, of the search's rows
-        and of a capacity for twice its padded source (or its prefix)."""
-        self.searches += 1
-        steps, rows, _ = x.shape
-        state = {"search": torch.tensor(self.searches, device="cpu"), "rows": torch.tensor(rows, device="cpu"),
-                 "steps": torch.tensor(0, device="cpu"), "hypotheses": torch.tensor(hypotheses, device="cpu")}
-        guess = 2 ** steps.bit_length() if encoder_kv is None else 2 * bucket_wide(encoder_kv.size(4))
-        capacity = min(max(16, guess), span + 1)
-        initial = decoder.empty_memory(bucket_wide(rows // hypotheses) * hypotheses, like=x)
-        self._take(state, initial.size(2), capacity, like=initial)[1].start(initial)
-        return state
-
-    def _take(self, state, rows: int, capacity: int, like: Tensor) -> Tuple[tuple, StaticMemory]:
+    def _take(self, search, rows: int, capacity: int, like: Tensor) -> Tuple[tuple, StaticMemory]:
         """The static memory of this shape (and its key), for the search
-        `state` from now on; `like`: keys and values of the memory's shape
+        `search` from now on; `like`: keys and values of the memory's shape
         (static_memory.py)."""
         key = (rows, capacity, like.dtype)
-        self.serving = (int(state["search"]), key)
+        self.serving = (int(search["search"]), key)
         return key, self._kept(self.memories, key, lambda: StaticMemory(capacity, rows, like))
 
-    def _memory(self, state) -> Tuple[tuple, StaticMemory]:
-        search, key = self.serving
-        if search != int(state["search"]):
+    def _memory(self, search) -> Tuple[tuple, StaticMemory]:
+        serving, key = self.serving
+        if serving != int(search["search"]):
             raise FeedbackUsageError(
                 "two searches interleaved on one model decoding with CUDA graphs; finish one before starting "
                 "the next, or decode eagerly: --model-overrides \"{'cuda_graphs': 'off'}\"")
         return key, self.memories[key]
 
-    def reorder(self, decoder: LoopHost, incremental_state, new_order: Tensor) -> None:
+    def reorder(self, search: dict, new_order: Tensor) -> None:
         """Beam search's new order of the rows, in place: the rows of
         finished sentences are cleared and stay, as padding."""
-        state = decoder.get_incremental_state(incremental_state, "static_memory")
-        if state is None:
-            return
-        _, memory = self._memory(state)
-        memory.copy_to(memory, new_order, int(state["steps"]))
-        state["rows"] = torch.tensor(len(new_order), device="cpu")
+        _, memory = self._memory(search)
+        memory.copy_to(memory, new_order, int(search["steps"]))
+        search["rows"] = torch.tensor(len(new_order), device="cpu")
 
     def _static_encoder(self, encoder_kv, encoder_bias, sentences: int):
         """The encoder's keys/values and mask in buffers of the bucket's

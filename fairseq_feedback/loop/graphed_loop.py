@@ -1,53 +1,55 @@
-"""The feedback loop at bounded shapes, replayed as CUDA graphs.
+"""The feedback loop's blocks at bounded shapes, replayed as CUDA graphs.
 
 A CUDA graph replays fixed shapes, and fairseq's batches vary in rows and
 lengths. So a block is padded up to a bucket: time steps at the end (the
 loop is causal: later steps change nothing before them), rows (rows never
 mix), and source positions (masked out of encoder attention). Padding's
 outputs are cut off before anything reads them, so its gradients are zero
-and it changes no loss or gradient. One graph per bucket (and per span,
-dtype, training or not) is captured at its first use, checked against the
-eager loop, and kept in a cache bounded in graphs and bytes
-(fairseq_feedback/cuda_graphs). Buckets are few: rows and source positions go up to
-a power of two, and training under LayerDrop (a pattern of kept layers per
-block) runs eagerly.
+and it changes no loss or gradient. One graph per bucket (and per the
+caller's key: span, dtype, training or not) is captured at its second use,
+checked against the eager loop, and kept in a cache bounded in graphs and
+bytes (fairseq_feedback/cuda_graphs). Buckets are few: rows and source
+positions go up to a power of two, and training under LayerDrop (a pattern
+of kept layers per block) runs eagerly.
 
 Decoding replays one captured step per token (graphed_decoding.py), from
 the same cache.
 
-What differs from the eager loop is only where shapes come from; the loop
-and its step are the decoder's. The CUDA calls are the backend's: on a GPU
-the real ones, and with --cuda-graphs emulate, on any device, a stand-in
-that runs the same path (fairseq_feedback/cuda_graphs/backends.py).
+The runner knows shapes, buckets and the cache, and nothing of feedback:
+the decoder hands it the function to replay (feedback_loop.py's
+FeedbackLoop.block_from, which holds the modules it runs and never the
+decoder), its inputs, its parameters and its key, and the runner calls
+nothing of the decoder. The CUDA calls are the backend's: on a GPU the real
+ones, and with --cuda-graphs emulate, on any device, a stand-in that runs
+the same path (fairseq_feedback/cuda_graphs/backends.py).
 """
 
-import contextlib
 import logging
-import weakref
-from typing import Optional
+from typing import Callable, Hashable, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from ..cuda_graphs import CudaGraphBackend, GraphCache, RecordedGraphBackend, autocast_dtype, bucket, bucket_wide
-from .block_weight_gradients import weight_gradients_per_block
 from .graphed_decoding import GraphedDecoding
-from .host import Layers, LoopHost
 
 logger = logging.getLogger(__name__)
+
+# fn(x, initial, encoder_kv, encoder_bias) -> (outputs, memory vectors), as FeedbackLoop.block_from
+ReplayedBlock = Callable[[Tensor, Tensor, Optional[Tensor], Optional[Tensor]], Tuple[Tensor, Tensor]]
 
 
 class GraphedFeedbackLoop:
     """`mode`: "auto" captures on CUDA and leaves other devices to the eager
     loop; "emulate" runs the same path through the stand-in backend, on any
     device. The cache (`cache_options`: its bounds) is made at the first
-    call, on its device."""
+    call, on its device; `decoding` shares it."""
 
     def __init__(self, mode: str = "auto", **cache_options):
         self.mode, self.cache_options = mode, cache_options
         self.cache: Optional[GraphCache] = None
-        self.decoding: Optional[GraphedDecoding] = None  # its steps share the cache
+        self.decoding: Optional[GraphedDecoding] = None
         self.warned_layerdrop = False
 
     def __deepcopy__(self, memo):
@@ -61,84 +63,75 @@ class GraphedFeedbackLoop:
             self.decoding = GraphedDecoding(self.cache)
         return self.cache
 
-    def run(self, decoder: LoopHost, x: Tensor, previous: Tensor, span: int, layers: Layers,
-            encoder_kv: Optional[Tensor], encoder_bias: Optional[Tensor], incremental_state):
-        """FeedbackDecoder.run_eagerly's results, from the graphs where they
-        can serve: the top layer's outputs and the memory vectors (None when
-        decoding). A search under way stays where it started."""
-        cache = self._start(x.device)
-        if incremental_state is not None:
-            if not torch.is_grad_enabled() and cache is not None and (
-                    cache.failed is None or self.decoding.serves(decoder, incremental_state)):
-                return self.decoding.decode(decoder, x, span, layers, encoder_kv, encoder_bias, incremental_state), None
-        elif cache is not None and cache.failed is None and self._all_kept(layers):
-            return self.block(decoder, x, previous, span, layers, encoder_kv, encoder_bias)
-        return decoder.run_eagerly(x, previous, span, layers, encoder_kv, encoder_bias, incremental_state)
-
-    def _all_kept(self, layers: Layers) -> bool:
-        """LayerDrop's 2^layers patterns would each need a graph: such blocks run eagerly."""
-        if None not in layers:
-            return True
-        if not self.warned_layerdrop:
+    def runs_blocks(self, device: torch.device, every_layer: bool) -> bool:
+        """Whether a training or scoring block on `device` runs from graphs.
+        `every_layer`: whether this pass keeps every layer; LayerDrop's 2^layers
+        patterns would each need a graph, so such blocks run eagerly."""
+        cache = self._start(device)
+        if cache is None or cache.failed is not None:
+            return False
+        if not every_layer and not self.warned_layerdrop:
             self.warned_layerdrop = True
             logger.warning("feedback loop: LayerDrop leaves out other layers at every block; "
                            "training blocks run eagerly, without CUDA graphs")
-        return False
+        return every_layer
 
-    def reorder(self, decoder: LoopHost, incremental_state, new_order: Tensor) -> None:
-        if self.decoding is not None:
-            self.decoding.reorder(decoder, incremental_state, new_order)
+    def decodes(self, device: torch.device, search: Optional[dict]) -> bool:
+        """Whether a decoding call on `device` runs from graphs: without
+        gradients, while the cache serves; a search under way (`search`,
+        GraphedDecoding.start's) stays where it started."""
+        return (not torch.is_grad_enabled() and self._start(device) is not None
+                and (self.cache.failed is None or search is not None))
+
+    def block(self, fn: ReplayedBlock, x: Tensor, initial: Tensor, encoder_kv: Optional[Tensor],
+              encoder_bias: Optional[Tensor], parameters: Sequence[Tensor], key: Hashable,
+              description: str) -> Tuple[Tensor, Tensor]:
+        """fn(x, initial, encoder_kv, encoder_bias) at the block's bucket:
+        x [time, batch, embed], the memory vectors `initial` [slots, batch,
+        embed] it starts from, the encoder's keys/values [layers, 2, batch,
+        heads, src_len, head_dim] and mask, each padded; the outputs cut back.
+        `parameters`: what fn reads besides its inputs (their gradients come
+        from the graph); `key`: what else fn's graph depends on, and
+        `description` it in words, for the log."""
+        steps, rows, _ = x.shape
+        padded_rows, padded_steps, padded_positions = self.block_shape(
+            rows, steps, None if encoder_kv is None else encoder_kv.size(4))
+        inputs = [
+            F.pad(x, (0, 0, 0, padded_rows - rows, 0, padded_steps - steps)),
+            F.pad(initial, (0, 0, 0, padded_rows - rows)),
+            *self._pad_encoder(encoder_kv, encoder_bias, padded_rows, padded_positions),
+        ]
+        grad, autocast = torch.is_grad_enabled(), autocast_dtype(x.device.type)
+        full_key = (tuple(None if t is None else tuple(t.shape) for t in inputs), key, x.dtype, grad, autocast,
+                    tuple(p.data_ptr() for p in parameters))  # parameters moved or converted: the graphs are stale
+        shape = (f"{padded_rows} rows x {padded_steps} steps"
+                 + ("" if encoder_kv is None else f" x {padded_positions} source positions")
+                 + f", {description}, {x.dtype}{', autocast' if autocast else ''}"
+                 + (", training" if grad else ", evaluation"))
+        outputs, memories = self.cache(full_key, fn, inputs, parameters, shape=shape)
+        return outputs[:steps, :rows], memories[:steps, :rows]
+
+    def reorder(self, search: Optional[dict], new_order: Tensor) -> None:
+        """Beam search's new order of the rows of `search` (None: none ran here)."""
+        if search is not None:
+            self.decoding.reorder(search, new_order)
 
     def log_statistics(self) -> None:
         if self.cache is not None:
             self.cache.log_statistics()
 
-    def block(self, decoder: LoopHost, x: Tensor, previous: Tensor, span: int, layers: Layers,
-              encoder_kv: Optional[Tensor], encoder_bias: Optional[Tensor]):
-        """FeedbackDecoder.feedback_loop on the block x [time, batch, embed],
-        over a memory started from the last `span` of the memory vectors
-        `previous`."""
-        steps, rows, _ = x.shape
-        padded_rows, padded_steps, padded_positions = self.block_shape(
-            rows, steps, None if encoder_kv is None else encoder_kv.size(4))
-        # Learned spans (the only spans below --memory-span) change as they
-        # train: the window is the bucket's size, the slots beyond a head's
-        # span weighted 0 by its mask, as eagerly.
-        span = min(bucket(span), decoder.span)
-        inputs = [
-            F.pad(x, (0, 0, 0, padded_rows - rows, 0, padded_steps - steps)),
-            F.pad(previous[-span:], (0, 0, 0, padded_rows - rows)),
-            *self._pad_encoder(encoder_kv, encoder_bias, padded_rows, padded_positions),
-        ]
-        params = decoder.loop_parameters()
-        grad, autocast = torch.is_grad_enabled(), autocast_dtype(x.device.type)
-        key = (tuple(None if t is None else tuple(t.shape) for t in inputs), span, x.dtype, grad, decoder.training,
-               autocast, tuple(p.data_ptr() for p in params))  # parameters moved or converted: the graphs are stale
-        shape = (f"{padded_rows} rows x {padded_steps} steps"
-                 + ("" if encoder_kv is None else f" x {padded_positions} source positions")
-                 + f", span {span}, {x.dtype}{', autocast' if autocast else ''}"
-                 + (", training" if grad else ", evaluation"))
-
-        decoder = weakref.proxy(decoder)  # a graph's function must not hold what holds its cache
-
-        def loop(x, initial, encoder_kv, encoder_bias):
-            buffer, window = decoder.start_memory(initial, len(x), span)
-            # in a graph kernels cost and Python does not: the loop through
-            # autograd takes the linear layers' weight gradients once per block
-            # too (the fused block does by itself)
-            per_block = (contextlib.nullcontext() if decoder.unfused_reason(layers, x.device.type) is None
-                         else weight_gradients_per_block(decoder.loop_modules(layers)))
-            with per_block:
-                outputs, memories = decoder.feedback_loop(x, buffer, window, span, layers, encoder_kv, encoder_bias)
-            return outputs, memories.detach()  # a stream carries its memory detached: no backward for it
-
-        outputs, memories = self.cache(key, loop, inputs, params, shape=shape)
-        return outputs[:steps, :rows], memories[:steps, :rows]
-
     @staticmethod
     def block_shape(rows: int, steps: int, source_positions: Optional[int]):
         """The bucket a block of these sizes is padded to."""
         return bucket_wide(rows), bucket(steps), None if source_positions is None else bucket_wide(source_positions)
+
+    @staticmethod
+    def window(span: int, memory_span: int) -> int:
+        """The slots a graphed block's steps read, for a span that may change
+        as it trains (a learned span is the only span below --memory-span,
+        `memory_span`): the span's bucket, the slots beyond a head's span
+        weighted 0 by its mask, as eagerly."""
+        return min(bucket(span), memory_span)
 
     @staticmethod
     def _pad_encoder(encoder_kv, encoder_bias, padded_rows: int, padded_len: int):

@@ -49,7 +49,7 @@ def reference_step(x: Tensor, views: Sequence[MemoryView], layers: Sequence,
 
 
 class ReferenceLoop:
-    """FeedbackDecoder.feedback_loop for one block, step by step; its
+    """FeedbackLoop.block (feedback_loop.py) for one block, step by step; its
     arguments as FusedFeedbackLoop takes them. Each step appends the keys
     and values of its memory vector to `buffer` and reads the window of the
     last `span`."""

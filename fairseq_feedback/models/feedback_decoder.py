@@ -12,26 +12,26 @@ so that step 0 has something to attend to (no empty softmax): the same at
 every position, in training, in decoding and across streamed blocks.
 
 Since m_t needs every layer's output at step t, training runs token by token
-too: `feedback_loop` is the whole model, and every mode (training, streaming,
-decoding) runs it from a memory that it starts or resumes.
+too: the loop (loop/feedback_loop.py) is the whole model, and every mode
+(training, streaming, decoding) runs it from a memory that it starts or
+resumes. The decoder builds the loop at each call from its modules, and runs
+it or hands it to the CUDA graphs; nothing the loop or a graph keeps holds
+the decoder.
 """
 
 import logging
 from collections import OrderedDict
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, Optional
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 from torch.utils.hooks import RemovableHandle
 
 from ..loop import fallback
-from ..loop.fused_block import FusedFeedbackLoop, fused_step
-from ..loop.reference import ReferenceLoop, memory_views, persistent_vectors, reference_step
-from ..modules.memory_view import SlotDistances
-from ..modules.memory_decoder_layer import MemoryDecoderLayer, per_layer
+from ..loop.feedback_loop import FeedbackLoop, Layers
+from ..loop.graphed_loop import GraphedFeedbackLoop
 from ..modules.feedback_memory import FeedbackMemory
 from ..modules.key_value_buffer import KeyValueBuffer
-from ..loop.graphed_loop import GraphedFeedbackLoop
 from .memory_decoder import IncrementalState, MemoryDecoder
 
 logger = logging.getLogger(__name__)
@@ -66,8 +66,8 @@ class FeedbackDecoder(MemoryDecoder):
         self.fused_block_enabled = use
 
     def register_loop_hook(self, hook: Callable) -> RemovableHandle:
-        """hook(runner), called after each block of feedback_loop and each
-        decoding_step with what ran it: the block's FusedFeedbackLoop (its
+        """hook(runner), called after each block and each graphed decoding
+        step (FeedbackLoop.block, .step) with what ran it: the block's FusedFeedbackLoop (its
         dropout masks, what it recorded: see there) or ReferenceLoop, or the
         step's function, fused_step or reference_step. The handle's
         remove() takes the hook away, as for nn.Module's hooks."""
@@ -80,31 +80,59 @@ class FeedbackDecoder(MemoryDecoder):
         """Starts the memory (from m_{-1}, or from the stream's carried memory
         vectors, projected again with the current weights as the official code
         and Transformer-XL do) or resumes it from the decoding cache, then runs
-        the loop, eagerly or as CUDA graphs. A stream keeps its last `span`
-        memory vectors, detached."""
+        the loop (loop/feedback_loop.py), eagerly or as CUDA graphs: the
+        decoder builds the function a graph replays and hands it over with its
+        inputs (loop/graphed_loop.py, graphed_decoding.py), which call nothing
+        of the decoder. A stream keeps its last `span` memory vectors, detached."""
         span = self.current_span()
         carried = None if stream_state is None else stream_state.get("memory")
         previous = carried if carried is not None else x.new_zeros(1, x.size(1), self.embed_dim)  # m_{-1}
-        if self.graphed is None:
-            x, memories = self.run_eagerly(x, previous, span, layers, encoder_kv, encoder_bias, incremental_state)
+        graphed, memories = self.graphed, None
+        search = None if incremental_state is None else self.get_incremental_state(incremental_state, "static_memory")
+        if incremental_state is not None and graphed is not None and graphed.decodes(x.device, search):
+            x = self._decode_graphed(x, span, layers, encoder_kv, encoder_bias, incremental_state, search)
+        elif incremental_state is None and graphed is not None and graphed.runs_blocks(x.device, None not in layers):
+            x, memories = self._block_graphed(x, previous, span, layers, encoder_kv, encoder_bias)
         else:
-            x, memories = self.graphed.run(self, x, previous, span, layers, encoder_kv, encoder_bias,
-                                           incremental_state)
+            x, memories = self._run_eagerly(x, previous, span, layers, encoder_kv, encoder_bias, incremental_state)
         if stream_state is not None:
             stream_state["memory"] = torch.cat([previous, memories])[-self.span:].detach()
         return x
 
-    def run_eagerly(self, x, previous, span, layers, encoder_kv, encoder_bias, incremental_state):
+    def _run_eagerly(self, x, previous, span, layers, encoder_kv, encoder_bias, incremental_state):
         """The loop from the decoding cache, or from the memory vectors
         `previous`: the top layer's outputs and the memory vectors."""
         buffer = self.memory.cached_keys_values(incremental_state)
+        loop = self.loop(layers, span, self.unfused_reason(layers, x.device.type, buffer))
         if buffer is None:
-            buffer, window = self.start_memory(previous[-span:], len(x), span)
+            buffer, window = loop.start(previous[-span:], len(x))
         else:
             window = buffer.window(span)
-        x, memories = self.feedback_loop(x, buffer, window, span, layers, encoder_kv, encoder_bias)
+        x, memories = loop.block(x, buffer, window, encoder_kv, encoder_bias)
         self.memory.cache_keys_values(incremental_state, buffer)
         return x, memories
+
+    def _block_graphed(self, x, previous, span, layers, encoder_kv, encoder_bias):
+        """The block from the graph of its bucket: FeedbackLoop.block_from,
+        its window at the span's bucket."""
+        window = self.graphed.window(span, self.span)
+        loop = self.loop(layers, window, self.unfused_reason(layers, x.device.type))
+        return self.graphed.block(loop.block_from, x, previous[-window:], encoder_kv, encoder_bias,
+                                  loop.parameters(), key=(window, self.training, loop.fused),
+                                  description=f"span {window}")
+
+    def _decode_graphed(self, x, span, layers, encoder_kv, encoder_bias, incremental_state, search):
+        """The new tokens of a search, one captured FeedbackLoop.step each; the
+        search's static memory (`search`) is started at its first call and
+        kept in the incremental state."""
+        loop = self.loop(layers, span, self.unfused_reason(layers, x.device.type))
+        if search is None:
+            search = self.graphed.decoding.start(x, span, encoder_kv, self.hypotheses_per_sentence(incremental_state),
+                                                 loop.empty_memory)
+            self.set_incremental_state(incremental_state, "static_memory", search)
+        return self.graphed.decoding.decode(loop.step, x, span, search, encoder_kv, encoder_bias, loop.parameters(),
+                                            key=(span, tuple(layer is not None for layer in layers), loop.fused),
+                                            description=f"span {span}")
 
     def train(self, mode: bool = True):
         if self.graphed is not None and mode != self.training:  # an epoch, or a validation, has ended
@@ -114,75 +142,17 @@ class FeedbackDecoder(MemoryDecoder):
     def reorder_incremental_state(self, incremental_state: IncrementalState, new_order: Tensor):
         super().reorder_incremental_state(incremental_state, new_order)
         if self.graphed is not None:
-            self.graphed.reorder(self, incremental_state, new_order)
+            self.graphed.reorder(self.get_incremental_state(incremental_state, "static_memory"), new_order)
 
-    # --- what the loop's runners share: the eager loop, and the CUDA graphs ---------------------
+    def loop(self, layers: Layers, span: int, unfused_reason: Optional[str]) -> FeedbackLoop:
+        """The loop over `layers` reading the last `span` slots, fused unless
+        there is an `unfused_reason` (said once)."""
+        if unfused_reason is not None:
+            self._log_unfused(unfused_reason)
+        return FeedbackLoop(self.memory, layers, span, self.span, self.key_positions, fused=unfused_reason is None,
+                            hooks=self.loop_hooks)
 
-    def loop_parameters(self) -> List[nn.Parameter]:
-        """Every parameter the loop reads."""
-        return [*self.memory.parameters(), *self.layers.parameters(),
-                *([] if self.key_positions is None else [self.key_positions])]
-
-    def loop_modules(self, layers: List[Optional[MemoryDecoderLayer]]) -> List[nn.Module]:
-        return [*self.memory.modules(), *(m for layer in layers if layer is not None for m in layer.modules())]
-
-    def empty_memory(self, rows: int, like: Tensor) -> Tensor:
-        """The keys and values of m_{-1}, the zero memory vector, in `rows`
-        rows: [1, planes, rows, heads, head_dim]."""
-        return self.memory.project(like.new_zeros(1, rows, self.embed_dim))
-
-    def start_memory(self, initial: Tensor, steps: int, span: int) -> Tuple[KeyValueBuffer, Tuple[Tensor, ...]]:
-        """A buffer for `steps` steps after the memory vectors `initial`, and
-        the window of their keys and values that step 0 reads."""
-        kv = self.memory.project(initial)
-        buffer = KeyValueBuffer.empty(len(kv) + steps, like=kv)
-        return buffer, buffer.append(kv, span)
-
-    def feedback_loop(self, x: Tensor, buffer: KeyValueBuffer, window: Tuple[Tensor, ...], span: int,
-                      layers: List[Optional[MemoryDecoderLayer]], encoder_kv: Optional[Tensor],
-                      encoder_bias: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
-        """Section 3.3, one step at a time. `window`: the memory's keys and
-        values that step 0 reads; each step appends the keys and values of its
-        memory vector to `buffer`. Returns the top layer's outputs and the
-        memory vectors m_t, both [time, batch, embed]. The block runs as one
-        fused autograd Function (loop/fused_block.py); options it does not
-        cover, step by step through autograd (loop/reference.py)."""
-        # everything that does not depend on the step, once: a full window
-        # holds m_{t-span} .. m_{t-1}, all visible; shorter ones its last slots
-        weights = self.memory.mixing_weights()
-        full_window = SlotDistances(torch.arange(span, 0, -1, device=x.device)[None], 1, span, self.span)
-        span_masks = [None if layer is None else layer.self_attn.span_mask for layer in layers]
-        span_biases = [None if mask is None else full_window.span_bias(mask) for mask in span_masks]
-        positions = None if self.key_positions is None else full_window.positions(self.key_positions)[0]
-        why_not = self.unfused_reason(layers, x.device.type, buffer)
-        if why_not is not None:
-            self._log_unfused(why_not)
-        loop = (FusedFeedbackLoop if why_not is None else ReferenceLoop)(
-            self.memory, layers, buffer, window, span, positions, span_biases, weights)
-        outputs, memories = loop(x, encoder_kv, encoder_bias)
-        self._ran(loop)
-        return outputs, memories
-
-    def decoding_step(self, x: Tensor, window: Tuple[Tensor, ...], distance: Tensor, span: int,
-                      layers: List[Optional[MemoryDecoderLayer]], encoder_kv: Optional[Tensor],
-                      encoder_bias: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
-        """One step over a window of slots that lie `distance` steps back
-        (a ring of fixed shape, for CUDA graphs: loop/static_memory.py), those
-        out of span masked: the top layer's output, and the keys and values
-        of m_t [1, planes, rows, heads, head_dim]. A search's step runs the
-        fused layers, which keep nothing for a backward and draw no dropout."""
-        slots = SlotDistances(distance[None], 1, span, self.span)
-        positions = None if self.key_positions is None else slots.positions(self.key_positions)[0]
-        biases = [slots.bias(None if layer is None else layer.self_attn.span_mask, x) for layer in layers]
-        views = memory_views(self.memory, window, positions, biases, persistent_vectors(layers))
-        searching = not (torch.is_grad_enabled() or self.training)
-        step = fused_step if searching and self.unfused_reason(layers, x.device.type) is None else reference_step
-        h, m = step(x, views, layers, per_layer(encoder_kv, len(layers)), encoder_bias, self.memory,
-                    self.memory.mixing_weights())
-        self._ran(step)
-        return h, self.memory.project(m.unsqueeze(0))
-
-    def unfused_reason(self, layers: List[Optional[MemoryDecoderLayer]], device_type: str,
+    def unfused_reason(self, layers: Layers, device_type: str,
                        buffer: Optional[KeyValueBuffer] = None) -> Optional[str]:
         """Why the loop runs these layers through autograd (ReferenceLoop,
         reference_step) rather than fused (None: fused): use_fused_block(False),
@@ -191,10 +161,6 @@ class FeedbackDecoder(MemoryDecoder):
         if not self.fused_block_enabled:
             return "use_fused_block(False)"
         return fallback.unfused_reason(layers, device_type, buffer)
-
-    def _ran(self, runner) -> None:
-        for hook in self.loop_hooks.values():
-            hook(runner)
 
     def _log_unfused(self, reason: str) -> None:
         """Once per decoder and reason."""

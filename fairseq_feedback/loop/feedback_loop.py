@@ -1,0 +1,122 @@
+"""The feedback loop of one decoder call, as functions of tensors.
+
+The decoder builds a FeedbackLoop at each call from what the loop runs:
+its FeedbackMemory, the layers of this pass, the relative positions, the
+span, and which loop (fused or through autograd) covers the options. It
+runs it eagerly (`block`), or hands its functions to the CUDA graphs
+(graphed_loop.py: `block_from`; graphed_decoding.py: `step`), which
+capture them as torch.cuda.make_graphed_callables captures a callable.
+
+A captured function lives as long as its graph, and its graph as long as
+the cache that the decoder owns: so a FeedbackLoop holds the modules it
+runs and the decoder's loop hooks (a dict of the caller's functions), never
+the decoder, so that nothing of a graph leads back to its cache.
+"""
+
+import contextlib
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor, nn
+
+from ..modules.feedback_memory import FeedbackMemory
+from ..modules.key_value_buffer import KeyValueBuffer
+from ..modules.memory_decoder_layer import MemoryDecoderLayer, per_layer
+from ..modules.memory_view import SlotDistances
+from .block_weight_gradients import weight_gradients_per_block
+from .fused_block import FusedFeedbackLoop, fused_step
+from .reference import ReferenceLoop, memory_views, persistent_vectors, reference_step
+
+Layers = Sequence[Optional[MemoryDecoderLayer]]  # None where LayerDrop left a layer out
+LoopHooks = Dict[int, Callable]  # FeedbackDecoder.register_loop_hook's
+
+
+class FeedbackLoop:
+    """The loop over `layers` reading the last `span` slots of the memory
+    (at most `memory_span`, --memory-span). `fused`: whether the fused block
+    (fused_block.py) runs it, or the reference loop through autograd
+    (reference.py; fallback.py says why). `hooks`: called with what ran each
+    block and step."""
+
+    def __init__(self, memory: FeedbackMemory, layers: Layers, span: int, memory_span: int,
+                 key_positions: Optional[nn.Parameter], fused: bool, hooks: LoopHooks):
+        self.memory, self.layers, self.span, self.memory_span = memory, list(layers), span, memory_span
+        self.key_positions, self.fused = key_positions, fused
+        self.hooks = hooks
+
+    def parameters(self) -> List[nn.Parameter]:
+        """Every parameter the loop reads."""
+        layers = [layer for layer in self.layers if layer is not None]
+        return [*self.memory.parameters(), *(p for layer in layers for p in layer.parameters()),
+                *([] if self.key_positions is None else [self.key_positions])]
+
+    def modules(self) -> List[nn.Module]:
+        return [*self.memory.modules(), *(m for layer in self.layers if layer is not None for m in layer.modules())]
+
+    def empty_memory(self, rows: int, like: Tensor) -> Tensor:
+        """The keys and values of m_{-1}, the zero memory vector, in `rows`
+        rows: [1, planes, rows, heads, head_dim]."""
+        return self.memory.project(like.new_zeros(1, rows, self.memory.kv_proj.in_features))
+
+    def start(self, initial: Tensor, steps: int) -> Tuple[KeyValueBuffer, Tuple[Tensor, ...]]:
+        """A buffer for `steps` steps after the memory vectors `initial`, and
+        the window of their keys and values that step 0 reads."""
+        kv = self.memory.project(initial)
+        buffer = KeyValueBuffer.empty(len(kv) + steps, like=kv)
+        return buffer, buffer.append(kv, self.span)
+
+    def block(self, x: Tensor, buffer: KeyValueBuffer, window: Tuple[Tensor, ...], encoder_kv: Optional[Tensor],
+              encoder_bias: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+        """Section 3.3, one step at a time. `window`: the memory's keys and
+        values that step 0 reads; each step appends the keys and values of its
+        memory vector to `buffer`. Returns the top layer's outputs and the
+        memory vectors m_t, both [time, batch, embed]."""
+        # everything that does not depend on the step, once: a full window
+        # holds m_{t-span} .. m_{t-1}, all visible; shorter ones its last slots
+        span = self.span
+        weights = self.memory.mixing_weights()
+        full_window = SlotDistances(torch.arange(span, 0, -1, device=x.device)[None], 1, span, self.memory_span)
+        span_masks = [None if layer is None else layer.self_attn.span_mask for layer in self.layers]
+        span_biases = [None if mask is None else full_window.span_bias(mask) for mask in span_masks]
+        positions = None if self.key_positions is None else full_window.positions(self.key_positions)[0]
+        loop = (FusedFeedbackLoop if self.fused else ReferenceLoop)(
+            self.memory, self.layers, buffer, window, span, positions, span_biases, weights)
+        outputs, memories = loop(x, encoder_kv, encoder_bias)
+        self._ran(loop)
+        return outputs, memories
+
+    def block_from(self, x: Tensor, initial: Tensor, encoder_kv: Optional[Tensor],
+                   encoder_bias: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+        """`block` over a memory started from the memory vectors `initial`: a
+        function of tensors alone, which a CUDA graph captures. The memory
+        vectors come back detached: a stream carries them without a backward."""
+        buffer, window = self.start(initial, len(x))
+        # in a graph kernels cost and Python does not: the loop through
+        # autograd takes the linear layers' weight gradients once per block
+        # too (the fused block does by itself)
+        per_block = contextlib.nullcontext() if self.fused else weight_gradients_per_block(self.modules())
+        with per_block:
+            outputs, memories = self.block(x, buffer, window, encoder_kv, encoder_bias)
+        return outputs, memories.detach()
+
+    def step(self, x: Tensor, window: Tuple[Tensor, ...], distance: Tensor, encoder_kv: Optional[Tensor],
+             encoder_bias: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+        """One step over a window of slots that lie `distance` steps back
+        (a ring of fixed shape, for CUDA graphs: static_memory.py), those out
+        of span masked: the top layer's output, and the keys and values of
+        m_t [1, planes, rows, heads, head_dim]. A search's step runs the fused
+        layers, which keep nothing for a backward and draw no dropout."""
+        slots = SlotDistances(distance[None], 1, self.span, self.memory_span)
+        positions = None if self.key_positions is None else slots.positions(self.key_positions)[0]
+        biases = [slots.bias(None if layer is None else layer.self_attn.span_mask, x) for layer in self.layers]
+        views = memory_views(self.memory, window, positions, biases, persistent_vectors(self.layers))
+        searching = not (torch.is_grad_enabled() or self.memory.training)
+        step = fused_step if searching and self.fused else reference_step
+        h, m = step(x, views, self.layers, per_layer(encoder_kv, len(self.layers)), encoder_bias, self.memory,
+                    self.memory.mixing_weights())
+        self._ran(step)
+        return h, self.memory.project(m.unsqueeze(0))
+
+    def _ran(self, runner) -> None:
+        for hook in self.hooks.values():
+            hook(runner)
