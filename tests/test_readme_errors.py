@@ -1,4 +1,4 @@
-"""The README's Errors section, against what the tools really print."""
+"""The Errors section of docs/reliability.md, against what the tools really print."""
 
 import argparse
 import os
@@ -12,12 +12,12 @@ from helpers import REPO
 
 
 def errors_section():
-    text = open(os.path.join(REPO, "README.md")).read()
+    text = open(os.path.join(REPO, "docs", "reliability.md")).read()
     return re.search(r"^## Errors\n(.*?)(?=^## |\Z)", text, flags=re.M | re.S).group(1)
 
 
 def test_the_weights_only_refusal_without_the_plugin_is_explained(tmp_path):
-    """fairseq's loader without --user-dir: torch refuses the checkpoint with the message the README quotes."""
+    """fairseq's loader without --user-dir: torch refuses the checkpoint with the message the page quotes."""
     path = tmp_path / "checkpoint.pt"
     torch.save({"args": argparse.Namespace(arch="feedback_transformer"), "model": {}}, path)
     proc = subprocess.run([sys.executable, "-c", "import sys; from fairseq import checkpoint_utils; "
