@@ -356,17 +356,18 @@ def gpu_tests(check: Check) -> Outcome:
                        status=NOT_RUN)
     if importlib.util.find_spec("pytest") is None:
         return Outcome("pytest is not installed: pip install -e '.[test]' in the checkout", status=NOT_RUN)
-    command = Command("pytest", ["-q", "-m", "gpu", "-rs", "-p", "no:cacheprovider", os.path.basename(tests)],
+    command = Command("pytest", ["-q", "-m", "gpu", "-rfEs", "-p", "no:cacheprovider", os.path.basename(tests)],
                       "gpu-tests.log", cwd=os.path.dirname(tests))
     code, = check.run(command, check=False)
     log = read(check.path("logs", command.log))
     counts = pytest_counts(log)
     said = ", ".join(f"{n} {outcome}" for outcome, n in counts.items())
-    failed = [line for line in log.splitlines() if line.startswith(("FAILED ", "ERROR "))]
-    outcome = Outcome(said, {"pytest exit status": code, **counts}, [f"On {check.machine['device']}: {said}.", "",
-                                                                      *[f"    {line}" for line in failed]])
+    failed = [line.split()[1] for line in log.splitlines() if line.startswith(("FAILED ", "ERROR "))]
+    outcome = Outcome(said, {"pytest exit status": code, **counts, "failed": failed},
+                      [f"On {check.machine['device']}: {said}.", "", *[f"- failed: `{test}`" for test in failed]])
     if code != 0 or not counts.get("passed", 0) + counts.get("skipped", 0):
-        raise StepFailed(f"pytest exit {code}: {said or 'no summary'}" + (f"; {failed[0]}" if failed else ""), outcome)
+        raise StepFailed(f"pytest exit {code}: {said or 'no summary'}" + (f"; failed: {', '.join(failed)}" if failed
+                                                                          else ""), outcome)
     if check.on_cpu:
         outcome.summary += " (the GPU tests skip without a CUDA device)"
     elif counts.get("skipped"):

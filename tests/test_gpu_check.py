@@ -10,10 +10,12 @@ all skip on the CPU). The other tests run steps that stand in for the real ones.
 import json
 import os
 import re
+import signal
 import sys
 from unittest import mock
 
 import pytest
+import torch
 
 import recipe_shims
 from helpers import ENV, run_module
@@ -90,8 +92,8 @@ def test_the_whole_sequence_runs_on_the_cpu_in_order_with_a_line_per_step(checke
 def test_the_gpu_tests_run_in_one_process_and_their_counts_are_reported(checked):
     _, report, _, _ = checked
     tests = report["steps"][0]
-    assert tests["commands"] == ["python -m pytest -q -m gpu -rs -p no:cacheprovider tests"]
-    assert tests["figures"] == {"pytest exit status": 0, "passed": 1, "skipped": 1, "deselected": 1}
+    assert tests["commands"] == ["python -m pytest -q -m gpu -rfEs -p no:cacheprovider tests"]
+    assert tests["figures"] == {"pytest exit status": 0, "passed": 1, "skipped": 1, "deselected": 1, "failed": []}
 
 
 def test_training_with_graphs_gives_the_losses_of_training_without(checked):
@@ -135,8 +137,6 @@ def test_two_ranks_with_graphs_equal_one_rank_with_twice_the_batch(checked):
 
 def test_the_report_names_the_machine_and_every_figure_its_machine(checked):
     _, report, markdown, _ = checked
-    import torch
-
     assert report["machine"]["torch"] == torch.__version__ and report["machine"]["device"].startswith("CPU: ")
     assert markdown.startswith("# feedback-gpu-check: PASSED\n")
     device = report["machine"]["device"]
@@ -189,6 +189,32 @@ def test_a_step_that_raises_is_a_failure_with_its_traceback_kept(tmp_path):
     assert report_of(tmp_path)["steps"][1]["status"] == "passed"
 
 
+def test_a_command_that_fails_fails_its_step_with_its_error_line_and_parts_not_asked_for_are_not_run(tmp_path):
+    def runs_a_command(check):
+        check.run(gpu_check.Command("fairseq_cli.train", ["data-bin"], "train.log"))
+
+    fails = [sys.executable, "-c", "import sys; print('warming up'); print('error: the GPU caught fire'); sys.exit(3)"]
+    with mock.patch.object(gpu_check, "launcher", lambda module: fails):
+        proc = check_with([step("1", passes), step("2a", runs_a_command)], tmp_path, "--parts", "2,3")
+    assert proc.returncode == 1
+    assert "(step 2a: fairseq-train failed (exit 3): error: the GPU caught fire (logs/train.log))" in proc.stderr
+    first, second = report_of(tmp_path)["steps"]
+    assert (first["status"], first["summary"]) == ("not run", "not asked for (--parts)")
+    assert second["commands"] == ["fairseq-train data-bin"]
+
+
+def test_a_failing_gpu_test_fails_step_1_and_names_the_test(tmp_path):
+    tests = probe_tests(tmp_path)
+    with open(os.path.join(tests, "test_probe.py"), "a") as f:
+        f.write("\n\n@pytest.mark.gpu\ndef test_a_graph_on_the_gpu():\n    assert False, 'replayed stale weights'\n")
+    with mock.patch.object(gpu_check, "checkout_tests", lambda: tests):
+        proc = check_with([step("1", gpu_check.gpu_tests)], tmp_path)
+    assert proc.returncode == 1
+    assert ("step 1 (step 1: pytest exit 1: 1 failed, 1 passed, 1 skipped, 1 deselected; failed: "
+            "tests/test_probe.py::test_a_graph_on_the_gpu)") in proc.stderr
+    assert gpu_check.checkout_tests() == os.path.join(gpu_check.REPO, "tests")  # from this checkout: its own
+
+
 def test_a_loss_mismatch_or_graphs_that_did_not_run_fail_the_training_comparison():
     def log(*losses, graphs=""):
         return graphs + "".join(f'x | INFO | train_inner | {{"num_updates": "{10 * i}", "loss": "{loss}"}}\n'
@@ -205,6 +231,10 @@ def test_a_loss_mismatch_or_graphs_that_did_not_run_fail_the_training_comparison
     _, failures = gpu_check.compare_training(log(6.0, 5.0, graphs=gave_up), log(6.0, 5.0, graphs=captured), 0.01)
     assert failures == [f"the graphs gave up, so both runs were eager: {gave_up.strip()}",
                         "--cuda-graphs off captured graphs"]
+    _, failures = gpu_check.compare_training(log(6.0, 5.0), log(6.0, 5.0), 0.01)
+    assert failures == ["no graph was captured"]
+    with pytest.raises(gpu_check.StepFailed, match="^the runs with and without graphs logged different losses"):
+        gpu_check.compare_training(log(6.0, 5.0, graphs=captured), log(6.0), 0.01)
 
 
 def test_a_step_that_would_not_fit_is_skipped_for_time_and_said_so(tmp_path):
@@ -235,14 +265,15 @@ def test_away_from_a_checkout_the_tests_are_said_not_there_and_the_check_goes_on
 
 
 def test_an_interrupted_check_says_so_in_a_report_that_does_not_look_finished(tmp_path):
-    def interrupted(check):
-        raise KeyboardInterrupt
+    def interrupted(check):  # as `timeout` stops a command: SIGTERM
+        os.kill(os.getpid(), signal.SIGTERM)
 
     proc = check_with([step("1", passes), step("2a", interrupted), step("3a", passes)], tmp_path)
     assert proc.returncode == 1 and proc.stderr.startswith("error: interrupted during step 2a; ")
     report = report_of(tmp_path)
     assert [r["status"] for r in report["steps"]] == ["passed", "interrupted", "not run"]
     assert (tmp_path / "out" / "report.md").read_text().startswith("# feedback-gpu-check: INTERRUPTED: 2a\n")
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # as before the check
 
 
 def test_while_it_runs_the_report_says_so(tmp_path):
@@ -274,6 +305,15 @@ def test_a_folder_that_is_not_a_checks_is_never_replaced_and_bad_options_are_one
             (["--device", "cpu", "--minutes", "0"], "--minutes must be above 0 and --tolerance 0 or above")):
         proc = run_module("fairseq_feedback_cli.gpu_check", *args, check=False)
         assert proc.returncode == 1 and proc.stderr == f"error: {error}\n", proc.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without a GPU")
+def test_without_a_gpu_it_says_so_at_once_and_names_the_cpu_run():
+    """The usual cause: a CPU build of torch."""
+    proc = run_module("fairseq_feedback_cli.gpu_check", check=False)
+    assert proc.returncode == 1 and proc.stderr == (
+        f"error: no CUDA GPU is visible to torch {torch.__version__} (CUDA build: {torch.version.cuda}): install a "
+        "CUDA build of torch, or pass --device cpu for the tiny run on the CPU\n")
 
 
 def test_the_gpus_are_read_from_nvidia_smi():
