@@ -77,7 +77,7 @@ def checked(tmp_path_factory):
 def test_the_whole_sequence_runs_on_the_cpu_in_order_with_a_line_per_step(checked):
     stdout, report, _, out = checked
     keys = [step.key for step in gpu_check.STEPS]
-    assert [record["step"] for record in report["steps"]] == keys == ["1", "2a", "2b", "3a", "3b", "3c", "4"]
+    assert [record["step"] for record in report["steps"]] == keys == ["1", "2", "3a", "3b", "3c", "4"]
     assert all(record["status"] == "passed" for record in report["steps"]), report["steps"]
     finished = re.findall(r"^\[(\w+)\] passed in \d+ s: ", stdout, re.M)
     assert finished == keys
@@ -98,21 +98,21 @@ def test_the_gpu_tests_run_in_one_process_and_their_counts_are_reported(checked)
 
 def test_training_with_graphs_gives_the_losses_of_training_without(checked):
     _, report, _, _ = checked
-    for record in report["steps"][1:3]:
-        for precision in ("fp32", "fp16"):
-            figures = record["figures"][precision]
-            assert figures["graphs captured"] > 0
-            assert figures["largest loss difference (bits/token)"] <= gpu_check.LOSS_TOLERANCE[precision]
-            graphs, eager = figures["losses (bits/token)"].values()
-            assert graphs.keys() == eager.keys() and "update 4" in graphs and any(k.startswith("validation")
-                                                                                 for k in graphs)
-        assert sum("--fp16" in command for command in record["commands"]) == 2
+    record = report["steps"][1]
+    for precision in ("fp32", "fp16"):
+        figures = record["figures"][precision]
+        assert figures["graphs captured"] > 0 and figures["loss scalers parted at"] is None
+        assert figures["largest loss difference (bits/token)"] <= gpu_check.LOSS_TOLERANCE[precision]
+        graphs, eager = figures["losses (bits/token)"].values()
+        assert list(graphs) == list(eager) == ["update 1", "update 2", "update 3", "update 4", "validation 1"]
+        assert figures["points compared"] == 5
+    assert sum("--fp16" in command for command in record["commands"]) == 2
 
 
 def test_the_benchmark_compares_graphs_eager_and_fairseq_and_says_what_the_cpu_cannot_measure(checked):
     _, report, markdown, _ = checked
-    for record, fairseq, feedback in ((report["steps"][3], "transformer", "feedback_transformer"),
-                                      (report["steps"][4], "transformer_lm", "feedback_lm")):
+    for record, fairseq, feedback in ((report["steps"][2], "transformer", "feedback_transformer"),
+                                      (report["steps"][3], "transformer_lm", "feedback_lm")):
         table = record["figures"]
         assert table["models"] == [fairseq, feedback, f"{feedback} (eager)"]
         for rate in ("train tok/s", "first 4 tok/s"):
@@ -121,14 +121,14 @@ def test_the_benchmark_compares_graphs_eager_and_fairseq_and_says_what_the_cpu_c
         assert table[gpu_check.NOT_MEASURED] == ["peak train MB", "peak beam MB" if fairseq == "transformer"
                                                  else "peak sample MB"]
     assert f"| {gpu_check.NOT_MEASURED} |" in markdown  # peak memory, in the benchmark's tables
-    eval_lm = report["steps"][5]["figures"]
+    eval_lm = report["steps"][4]["figures"]
     assert set(eval_lm["tokens/s"]) == {"feedback_lm", "feedback_lm (eager)", "transformer_lm"}
     assert eval_lm["graphs captured"] > 0
 
 
 def test_two_ranks_with_graphs_equal_one_rank_with_twice_the_batch(checked):
     _, report, markdown, _ = checked
-    figures = report["steps"][6]["figures"]
+    figures = report["steps"][5]["figures"]
     assert figures["backend"] == "gloo" and figures["largest parameter difference"] <= 1e-5
     assert all(figures["graphs captured (one rank, rank 0 of two)"])
     assert figures["NCCL"].startswith(gpu_check.NOT_MEASURED)
@@ -169,21 +169,21 @@ def test_a_failing_step_makes_the_exit_non_zero_and_names_it_and_the_later_steps
     def losses_apart(check):
         raise gpu_check.StepFailed("fp16: the losses with and without graphs differ by 0.412 at update 120")
 
-    proc = check_with([step("1", passes), step("2a", losses_apart), step("3a", passes)], tmp_path)
+    proc = check_with([step("1", passes), step("2", losses_apart), step("3a", passes)], tmp_path)
     assert proc.returncode == 1
-    assert re.fullmatch(r"error: failed in [\d.]+ min: step 2a \(step 2a: fp16: the losses with and without graphs "
+    assert re.fullmatch(r"error: failed in [\d.]+ min: step 2 \(step 2: fp16: the losses with and without graphs "
                         r"differ by 0\.412 at update 120\); the report: .*/out/report\.md\n", proc.stderr)
     report = report_of(tmp_path)
     assert [r["status"] for r in report["steps"]] == ["passed", "failed", "passed"]
     assert report["status"] == "failed" and report["exit status"] == 1
-    assert (tmp_path / "out" / "report.md").read_text().startswith("# feedback-gpu-check: FAILED: 2a\n")
+    assert (tmp_path / "out" / "report.md").read_text().startswith("# feedback-gpu-check: FAILED: 2\n")
 
 
 def test_a_step_that_raises_is_a_failure_with_its_traceback_kept(tmp_path):
     def broken(check):
         return {}["missing"]
 
-    proc = check_with([step("1", broken), step("2a", passes)], tmp_path)
+    proc = check_with([step("1", broken), step("2", passes)], tmp_path)
     assert proc.returncode == 1 and "step 1 (step 1: KeyError: 'missing' (logs/step-1-traceback.log))" in proc.stderr
     assert "Traceback" in (tmp_path / "out" / "logs" / "step-1-traceback.log").read_text()
     assert report_of(tmp_path)["steps"][1]["status"] == "passed"
@@ -195,9 +195,9 @@ def test_a_command_that_fails_fails_its_step_with_its_error_line_and_parts_not_a
 
     fails = [sys.executable, "-c", "import sys; print('warming up'); print('error: the GPU caught fire'); sys.exit(3)"]
     with mock.patch.object(gpu_check, "launcher", lambda module: fails):
-        proc = check_with([step("1", passes), step("2a", runs_a_command)], tmp_path, "--parts", "2,3")
+        proc = check_with([step("1", passes), step("2", runs_a_command)], tmp_path, "--parts", "2,3")
     assert proc.returncode == 1
-    assert "(step 2a: fairseq-train failed (exit 3): error: the GPU caught fire (logs/train.log))" in proc.stderr
+    assert "(step 2: fairseq-train failed (exit 3): error: the GPU caught fire (logs/train.log))" in proc.stderr
     first, second = report_of(tmp_path)["steps"]
     assert (first["status"], first["summary"]) == ("not run", "not asked for (--parts)")
     assert second["commands"] == ["fairseq-train data-bin"]
@@ -216,10 +216,12 @@ def test_a_failing_gpu_test_fails_step_1_and_names_the_test(tmp_path):
 
 
 def test_a_loss_mismatch_or_graphs_that_did_not_run_fail_the_training_comparison():
-    def log(*losses, graphs=""):
-        return graphs + "".join(f'x | INFO | train_inner | {{"num_updates": "{10 * i}", "loss": "{loss}"}}\n'
-                                for i, loss in enumerate(losses, 1)) + \
-            'x | INFO | valid | {"epoch": 1, "valid_loss": "4.000"}\n'
+    def log(*losses, graphs="", scales=()):
+        """fairseq-train's JSON log: losses every 10 updates (with fp16's loss scales), a validation."""
+        return graphs + "".join(
+            f'x | INFO | train_inner | {{"num_updates": "{10 * i}", '
+            + (f'"loss_scale": "{scales[i - 1]}", ' if scales else "") + f'"loss": "{loss}"}}\n'
+            for i, loss in enumerate(losses, 1)) + 'x | INFO | valid | {"epoch": 1, "valid_loss": "4.000"}\n'
 
     captured = "feedback loop: captured graph 1 for 8 rows\n"
     figures, failures = gpu_check.compare_training(log(6.0, 5.0, graphs=captured), log(6.0, 5.004), 0.01)
@@ -235,13 +237,19 @@ def test_a_loss_mismatch_or_graphs_that_did_not_run_fail_the_training_comparison
     assert failures == ["no graph was captured"]
     with pytest.raises(gpu_check.StepFailed, match="^the runs with and without graphs logged different losses"):
         gpu_check.compare_training(log(6.0, 5.0, graphs=captured), log(6.0), 0.01)
+    # fp16: one run alone skipped an update before update 30 (its loss scale halved): compared up to there
+    figures, failures = gpu_check.compare_training(log(6.0, 5.0, 4.5, graphs=captured, scales=(128, 128, 128)),
+                                                   log(6.0, 5.0, 4.9, scales=(128, 128, 64)), 0.01)
+    assert not failures and (figures["loss scalers parted at"], figures["points compared"]) == ("update 30", 2)
+    with pytest.raises(gpu_check.StepFailed, match="^the loss scalers parted at update 10, before a loss could"):
+        gpu_check.compare_training(log(6.0, graphs=captured, scales=(128,)), log(6.0, scales=(64,)), 0.01)
 
 
 def test_a_step_that_would_not_fit_is_skipped_for_time_and_said_so(tmp_path):
-    proc = check_with([step("1", passes), step("2a", passes, estimate=3600), step("3a", passes)], tmp_path)
+    proc = check_with([step("1", passes), step("2", passes, estimate=3600), step("3a", passes)], tmp_path)
     assert proc.returncode == 2
-    assert "[2a] skipped for time: needs about 3600 s, " in proc.stdout
-    assert "passed 1, 3a; skipped or stopped for time: 2a (--minutes 8)" in proc.stdout.splitlines()[-1]
+    assert "[2] skipped for time: needs about 3600 s, " in proc.stdout
+    assert "passed 1, 3a; skipped or stopped for time: 2 (--minutes 8)" in proc.stdout.splitlines()[-1]
     report = report_of(tmp_path)
     assert report["status"] == "incomplete" and report["steps"][1]["seconds"] is None
 
@@ -251,7 +259,7 @@ def test_a_step_still_running_at_the_deadline_is_stopped(tmp_path):
         check.run(gpu_check.Command("sleep", [], "sleep.log"))
 
     with mock.patch.object(gpu_check, "launcher", lambda module: ["sleep", "30"]):
-        proc = check_with([step("1", sleeps), step("2a", passes, estimate=1)], tmp_path, "--minutes", "0.02")
+        proc = check_with([step("1", sleeps), step("2", passes, estimate=1)], tmp_path, "--minutes", "0.02")
     assert proc.returncode == 2
     assert [(r["status"], r["seconds"] < 10) for r in report_of(tmp_path)["steps"][:1]] == [("stopped for time", True)]
     assert report_of(tmp_path)["steps"][1]["status"] == "skipped for time"
@@ -259,20 +267,20 @@ def test_a_step_still_running_at_the_deadline_is_stopped(tmp_path):
 
 def test_away_from_a_checkout_the_tests_are_said_not_there_and_the_check_goes_on(tmp_path):
     with mock.patch.object(gpu_check, "checkout_tests", lambda: None):
-        proc = check_with([step("1", gpu_check.gpu_tests), step("2a", passes)], tmp_path)
+        proc = check_with([step("1", gpu_check.gpu_tests), step("2", passes)], tmp_path)
     assert proc.returncode == 0 and "[1] not run: the tests are not there" in proc.stdout
-    assert "passed 2a; not run: 1;" in proc.stdout.splitlines()[-1]
+    assert "passed 2; not run: 1;" in proc.stdout.splitlines()[-1]
 
 
 def test_an_interrupted_check_says_so_in_a_report_that_does_not_look_finished(tmp_path):
     def interrupted(check):  # as `timeout` stops a command: SIGTERM
         os.kill(os.getpid(), signal.SIGTERM)
 
-    proc = check_with([step("1", passes), step("2a", interrupted), step("3a", passes)], tmp_path)
-    assert proc.returncode == 1 and proc.stderr.startswith("error: interrupted during step 2a; ")
+    proc = check_with([step("1", passes), step("2", interrupted), step("3a", passes)], tmp_path)
+    assert proc.returncode == 1 and proc.stderr.startswith("error: interrupted during step 2; ")
     report = report_of(tmp_path)
     assert [r["status"] for r in report["steps"]] == ["passed", "interrupted", "not run"]
-    assert (tmp_path / "out" / "report.md").read_text().startswith("# feedback-gpu-check: INTERRUPTED: 2a\n")
+    assert (tmp_path / "out" / "report.md").read_text().startswith("# feedback-gpu-check: INTERRUPTED: 2\n")
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # as before the check
 
 
@@ -284,8 +292,8 @@ def test_while_it_runs_the_report_says_so(tmp_path):
         seen["json"] = json.load(open(check.path("report.json")))
         return passes(check)
 
-    check_with([step("1", passes), step("2a", looks)], tmp_path)
-    assert seen["md"].startswith("# feedback-gpu-check: RUNNING (step 2a; ")
+    check_with([step("1", passes), step("2", looks)], tmp_path)
+    assert seen["md"].startswith("# feedback-gpu-check: RUNNING (step 2; ")
     assert seen["json"]["status"] == "running" and seen["json"]["exit status"] is None
     assert not (tmp_path / "out.tmp").exists() and report_of(tmp_path)["status"] == "passed"
 
