@@ -141,7 +141,8 @@ def test_the_report_names_the_machine_and_every_figure_its_machine(checked):
     assert markdown.startswith("# feedback-gpu-check: PASSED\n")
     device = report["machine"]["device"]
     for record in report["steps"]:
-        assert f"On {device}" in markdown.split(f"### {record['step']}. ")[1], record["step"]
+        section = re.split(rf"^#+ {record['step']}\. ", markdown, flags=re.M)[1]
+        assert section.split("\n")[4].startswith(f"On {device}"), record["step"]  # after the result line
 
 
 # --- the run's rules, with steps that stand in for the real ones -------------------------------------
