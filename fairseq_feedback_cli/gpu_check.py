@@ -496,6 +496,7 @@ def training_comparison(check: Check) -> Outcome:
 
 
 def figure(column: str, value) -> str:
+    """A cell of a benchmark's table: a share as a percentage, small figures to 2 decimals, others whole."""
     if value is None:
         return "-"
     return f"{value:.0%}" if column == "GPU busy" else f"{value:.2f}" if abs(value) < 10 else f"{value:,.0f}"
@@ -516,10 +517,10 @@ def benchmark(check: Check, only: str) -> Outcome:
     """feedback-benchmark --only `only` (translation, lm) in fp16."""
     sizes = check.sizes["benchmark"]
     written = check.path("work", f"benchmark-{only}.json")
-    check.run(Command("fairseq_feedback_cli.benchmark", ["--only", only, "--preset", sizes["preset"], "--dtype", "fp16",
-                                                        "--device", check.args.device, "--cuda-graphs", check.graphs,
-                                                        "--first-batches", sizes["first_batches"], "--json", written],
-                      f"benchmark-{only}.log"))
+    command = Command("fairseq_feedback_cli.benchmark", [
+        "--only", only, "--preset", sizes["preset"], "--dtype", "fp16", "--device", check.args.device, "--cuda-graphs",
+        check.graphs, "--first-batches", sizes["first_batches"], "--json", written], f"benchmark-{only}.log")
+    check.run(command)
     with open(written) as f:
         table = json.load(f)["tables"][only]
     models, figures = table["models"], table["figures"]
@@ -537,7 +538,7 @@ def benchmark(check: Check, only: str) -> Outcome:
                + (f"; its first {sizes['first_batches']} batches at {graphed[first]:.2f}x" if first else "")
                + (f"; {figures['capture s/shape'][models[1]]:.2f} s per new shape" if "capture s/shape" in figures
                   else ""))
-    return Outcome(summary, table, [
+    outcome = Outcome(summary, table, [
         f"On {check.machine['device']}, fp16, `feedback-benchmark --preset {sizes['preset']}`: {table['title']}.", "",
         "tok/s: target tokens per second (fairseq's words/s), the median of steady calls; first N tok/s: over each "
         "model's first N training batches, every capture and first sighting included; capture s/shape: what a graphed "
@@ -546,6 +547,10 @@ def benchmark(check: Check, only: str) -> Outcome:
         "torch.cuda.max_memory_allocated as with the model alone on the GPU); ops/step or kernels/step: per target "
         "position of a training step; GPU busy: the share of a training step's wall time the GPU ran kernels.", "",
         "| model | " + " | ".join(columns) + " |", "|---|" + "---:|" * len(columns), *rows])
+    _, gave_up = graphs_in(read(check.path("logs", command.log)))
+    if gave_up:  # the graphed rows are eager ones
+        raise StepFailed(f"the graphs gave up: {gave_up}", outcome)
+    return outcome
 
 
 def text_corpus(check: Check, name: str, corpus: list) -> str:
