@@ -720,7 +720,7 @@ STEPS = [
          lambda check: benchmark(check, "translation")),
     Step("3b", "feedback-benchmark, language model, fp16", {"full": 75, "tiny": 10},
          lambda check: benchmark(check, "lm")),
-    Step("3c", "fairseq-eval-lm, language model, fp16", {"full": 50, "tiny": 25}, eval_lm),
+    Step("3c", "fairseq-eval-lm, language model, fp16", {"full": 50, "tiny": 30}, eval_lm),
     Step("4", "two ranks against one with twice the batch", {"full": 40, "tiny": 20}, two_ranks),
 ]
 
