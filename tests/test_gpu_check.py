@@ -148,7 +148,7 @@ def test_the_report_names_the_machine_and_every_figure_its_machine(checked):
 def test_the_commands_of_docs_gpu_check_md_are_the_ones_run_here(checked):
     """The page's CPU command is the run above (its --updates and --out apart); its GPU command, a template."""
     _, report, _, _ = checked
-    page = open(os.path.join(gpu_check.REPO, "docs", "gpu-check.md")).read()
+    page = open(os.path.join(gpu_check.REPO, "docs/gpu-check.md")).read()
     blocks = re.findall(r"<!-- (.*?) -->\n```bash\n(.*?)```", page, flags=re.S)
     assert blocks == [("template: needs a CUDA GPU", "feedback-gpu-check --out gpu-check\n"),
                       ("run by tests/test_gpu_check.py", "feedback-gpu-check --device cpu --cuda-graphs emulate\n")]
