@@ -33,8 +33,11 @@ and the phase.
 import argparse
 import collections
 import contextlib
+import json
 import logging
+import platform
 import statistics
+import sys
 import time
 from typing import Callable, Dict, List, Optional
 
@@ -53,33 +56,11 @@ from fairseq_feedback.models.feedback_decoder import FeedbackDecoder
 from . import builders
 from .builders import make_dictionary, size_flags
 from .command_line import ArgumentParser, check_at_least, fail
+from .outputs import atomic_file
+from .sizes import PRESETS
 
 logger = logging.getLogger(__name__)
 
-PRESETS = {
-    # the targets' settings: translation at base widths with a 6-layer decoder
-    # and batches of ~4k tokens; the LM at d 256, 4 layers, block 64, 32 streams
-    "base": dict(
-        translation=dict(embed_dim=512, ffn_dim=2048, heads=8, layers=6, batch=128, length=32, vocab=10000,
-                         beam_batch=128, repeats=3),
-        lm=dict(embed_dim=256, ffn_dim=1024, heads=4, layers=4, streams=32, block=64, span=64, vocab=10000,
-                sample_batch=32, repeats=7),
-    ),
-    # Table 8's IWSLT sizes with --max-tokens 8192-like batches; the LM at
-    # feedback_lm_wiki103's sizes (without its adaptive input and softmax)
-    "iwslt": dict(
-        translation=dict(embed_dim=512, ffn_dim=1024, heads=4, layers=6, batch=256, length=32, vocab=10000,
-                         beam_batch=128, repeats=5),
-        lm=dict(embed_dim=512, ffn_dim=4096, heads=8, layers=4, streams=32, block=256, span=512, vocab=10000,
-                sample_batch=32, repeats=5, head_dim=128),
-    ),
-    "tiny": dict(
-        translation=dict(embed_dim=32, ffn_dim=64, heads=2, layers=2, batch=8, length=8, vocab=100,
-                         beam_batch=2, repeats=2),
-        lm=dict(embed_dim=32, ffn_dim=64, heads=2, layers=2, streams=4, block=8, span=8, vocab=100,
-                sample_batch=2, repeats=2),
-    ),
-}
 BEAM = 5
 LEARNING_RATE = 1e-4
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -112,6 +93,52 @@ class FiniteResults:
             if not finite:
                 raise NotFinite(f"{model}: {phase} gave values that are not finite, so no rate is reported "
                                 "(in fp16, try bf16 or fp32)")
+
+
+class PeakMemory:
+    """Each model's peak device memory in each phase, as
+    torch.cuda.max_memory_allocated would read it with the model alone on
+    the device, though the models run in turns in one process: what the
+    model's own building and calls left allocated (weights, gradients,
+    optimizer state, graphs, carried memory), plus the most that one of its
+    calls allocated beyond what was allocated as that call began. The
+    inputs, which all models share, are left out. Bytes, by (model, phase).
+
+    `allocator`: the device's allocated() and peak() bytes and
+    reset_peak(); None where nothing is measured (off CUDA)."""
+
+    def __init__(self, allocator=None):
+        self.allocator = allocator
+        self.resident = collections.Counter()  # model -> bytes its building and calls left allocated
+        self.peak: Dict[tuple, int] = {}
+
+    @classmethod
+    def on(cls, device: torch.device) -> "PeakMemory":
+        if device.type != "cuda":
+            return cls()
+        # CUDA only: the caching allocator's figures (kept on the host: no synchronization needed)
+        return cls(argparse.Namespace(allocated=torch.cuda.memory_allocated, peak=torch.cuda.max_memory_allocated,
+                                      reset_peak=torch.cuda.reset_peak_memory_stats))
+
+    @contextlib.contextmanager
+    def charged(self, model: str, phase: Optional[str] = None):
+        """What the block allocates, charged to `model`; with `phase`, its peak counted as one of that phase's."""
+        if self.allocator is None:
+            yield
+            return
+        before = self.allocator.allocated()
+        self.allocator.reset_peak()
+        yield
+        if phase is not None:
+            peak = self.resident[model] + self.allocator.peak() - before
+            self.peak[model, phase] = max(self.peak.get((model, phase), 0), peak)
+        self.resident[model] += self.allocator.allocated() - before
+
+    def column(self, phase: str) -> Optional[Dict[str, float]]:
+        """MB (2**20 bytes) by model of `phase`; None where nothing is measured."""
+        if self.allocator is None:
+            return None
+        return {model: peak / 2**20 for (model, measured), peak in self.peak.items() if measured == phase}
 
 
 @torch.no_grad()
@@ -148,14 +175,32 @@ def awaiting_capture(model) -> bool:
 WARM_UP_CALLS = 8  # at most, while calls keep capturing graphs (a stream's memory filling its span: a graph per length)
 
 
-def interleaved_rates(built, workloads, repeats, phase: str, finite: FiniteResults):
+def timed_call(name, work, phase: str, finite: FiniteResults, memory: Optional[PeakMemory] = None):
+    """(seconds, tokens) of one call of `name`'s workload `work` (which
+    returns the tokens it processed and a result to check), its result
+    recorded in `finite` and its memory in `memory` as one of `phase`'s."""
+    with (memory or PeakMemory()).charged(name, phase):
+        synchronize()
+        start = time.perf_counter()
+        try:
+            tokens, result = work()
+        except FloatingPointError as error:  # fp16's loss scale fell to fairseq's minimum
+            raise NotFinite(f"{name}: {phase}: {error}") from error
+        synchronize()
+        seconds = time.perf_counter() - start
+    finite.record(name, phase, result)
+    return seconds, tokens
+
+
+def interleaved_rates(built, workloads, repeats, phase: str, finite: FiniteResults,
+                      memory: Optional[PeakMemory] = None):
     """Tokens per second of each workload (a call returning the tokens it
     processed and a result to check), from the median of `repeats` calls
     made in turns after warm-up calls (one, or where graphs run, until a
     call after the first capture captures none); and for each, the seconds
     that its warm-up calls, and any later call that captured a graph, took
     beyond the median call.
-    `built`: the models, by name."""
+    `built`: the models, by name; `memory`: where each call's memory is counted."""
     times = {name: [] for name in workloads}
     beyond_steady = {name: [] for name in workloads}  # the times of warm-up calls and of calls that captured
     tokens = {}
@@ -163,15 +208,8 @@ def interleaved_rates(built, workloads, repeats, phase: str, finite: FiniteResul
     def call(name) -> bool:
         """One timed call of `name`'s workload; whether it captured graphs."""
         captured = graphs_captured(built[name])
-        synchronize()
-        start = time.perf_counter()
-        try:
-            tokens[name], result = workloads[name]()
-        except FloatingPointError as error:  # fp16's loss scale fell to fairseq's minimum
-            raise NotFinite(f"{name}: {phase}: {error}") from error
-        synchronize()
-        times[name].append(time.perf_counter() - start)
-        finite.record(name, phase, result)
+        seconds, tokens[name] = timed_call(name, workloads[name], phase, finite, memory)
+        times[name].append(seconds)
         return graphs_captured(built[name]) > captured
 
     for name in workloads:
@@ -187,6 +225,37 @@ def interleaved_rates(built, workloads, repeats, phase: str, finite: FiniteResul
     median = {name: statistics.median(times[name]) for name in workloads}
     rates = {name: tokens[name] / median[name] for name in workloads}
     return rates, {name: sum(t - median[name] for t in beyond_steady[name]) for name in workloads}
+
+
+FIRST_PASSES = 4  # at most, over the first batches, until a pass captures nothing
+
+
+def first_batches(built, workloads, count: int, finite: FiniteResults, memory: Optional[PeakMemory] = None):
+    """Each model's first `count` training calls, from its first (a first
+    epoch's view): tokens per second over them, every capture and first
+    sighting included; and for each graphed model, the seconds that each
+    new shape (each graph captured) cost: what its passes over the same
+    calls took beyond a pass that captured nothing, per graph captured.
+    `workloads`: each model's training step, a new batch at each call,
+    its `count` batches again at the next `count` calls."""
+    rates, per_shape = {}, {}
+    for name, work in workloads.items():
+        model, passes, captured_before = built[name], [], graphs_captured(built[name])
+        while len(passes) < FIRST_PASSES:
+            captured, seconds, tokens = graphs_captured(model), 0.0, 0
+            for _ in range(count):
+                took, processed = timed_call(name, work, "training", finite, memory)
+                seconds, tokens = seconds + took, tokens + processed
+            passes.append(seconds)
+            if len(passes) == 1:
+                rates[name] = tokens / seconds
+            if graph_cache(model) is None or (graphs_captured(model) == captured and not awaiting_capture(model)):
+                break
+        new_graphs = graphs_captured(model) - captured_before
+        if new_graphs:
+            per_shape[name] = (sum(passes[:-1]) - (len(passes) - 1) * passes[-1]) / new_graphs
+    finite.check()
+    return rates, per_shape
 
 
 class _CountOps(TorchDispatchMode):
@@ -336,21 +405,28 @@ def graphs_run(device: torch.device, cuda_graphs: str) -> bool:
     return cuda_graphs == "emulate" or (cuda_graphs == "auto" and device.type == "cuda")
 
 
-def models(pairs, build, device, dtype, cuda_graphs: str, reference_loop: bool = False):
+def models(pairs, build, device, dtype, cuda_graphs: str, reference_loop: bool = False,
+           memory: Optional[PeakMemory] = None):
     """Each (name, architecture, options) built on `device` in `dtype`, the
     feedback models with `--cuda-graphs cuda_graphs`; where their graphs
     run, each feedback model also as it runs without them; with
-    `reference_loop`, each feedback model also with the reference loop."""
+    `reference_loop`, each feedback model also with the reference loop.
+    `memory`: where each model's weights are counted."""
     pairs = [(name, arch, [*extra, "--cuda-graphs", cuda_graphs] if arch.startswith("feedback") else extra)
              for name, arch, extra in pairs]
     feedback = [(name, arch, extra) for name, arch, extra in pairs if arch.startswith("feedback")]
     if graphs_run(device, cuda_graphs):
         pairs += [(f"{name} (eager)", arch, [*extra, "--no-cuda-graphs"]) for name, arch, extra in feedback]
-    built = {name: build(arch, extra).to(device=device, dtype=dtype) for name, arch, extra in pairs}
+
+    def on_the_device(name, arch, extra):
+        with (memory or PeakMemory()).charged(name):
+            return build(arch, extra).to(device=device, dtype=dtype)
+
+    built = {name: on_the_device(name, arch, extra) for name, arch, extra in pairs}
     if reference_loop:
         for name, arch, extra in feedback:
-            built[f"{name} (reference loop)"] = with_the_reference_loop(build(arch, extra).to(device=device,
-                                                                                             dtype=dtype))
+            name = f"{name} (reference loop)"
+            built[name] = with_the_reference_loop(on_the_device(name, arch, extra))
     return built
 
 
@@ -411,11 +487,11 @@ def optimizer_for(model):
     return TorchAdam(params) if params[0].dtype == torch.float32 else FairseqMixedPrecision(params, params[0].dtype)
 
 
-def training_step(model, forward, target):
+def training_step(model, forward, target, optimizer=None):
     """One optimizer step on `forward()`'s logits, as fairseq-train takes it
-    in the model's dtype; returns the target tokens and the loss. `ops`: a
-    _CountOps that counts its phases apart."""
-    optimizer = optimizer_for(model)
+    in the model's dtype (with `optimizer`, or one of its own); returns the
+    target tokens and the loss. `ops`: a _CountOps that counts its phases apart."""
+    optimizer = optimizer or optimizer_for(model)
 
     def work(ops: Optional[_CountOps] = None):
         phase = (lambda name: contextlib.nullcontext()) if ops is None else ops.phase
@@ -433,10 +509,34 @@ def training_step(model, forward, target):
     return work
 
 
-def translation_training(model, dictionary, src, target):
+def translation_training(model, dictionary, src, target, optimizer=None):
     """A training step on the pairs (src, target), [rows, tokens] each."""
-    lengths = torch.full((len(src),), src.size(1), device=src.device)
-    return training_step(model, lambda: model(src, lengths, shifted(dictionary, target))[0], lambda: target)
+    return translation_training_on(model, dictionary, [(src, target)], optimizer)
+
+
+def translation_training_on(model, dictionary, batches, optimizer=None):
+    """A training step on each of `batches` in turn, (src, target) pairs of [rows, tokens] each."""
+    turns, batch = iter(range(10**9)), {}
+
+    def forward():
+        batch["src"], batch["target"] = batches[next(turns) % len(batches)]
+        lengths = torch.full((len(batch["src"]),), batch["src"].size(1), device=batch["src"].device)
+        return model(batch["src"], lengths, shifted(dictionary, batch["target"]))[0]
+
+    return training_step(model, forward, lambda: batch["target"], optimizer)
+
+
+def max_tokens_batches(dictionary, p, count, generator, device):
+    """`count` pairs of (src, target) batches as fairseq's --max-tokens makes
+    them: about p["batch"] x p["length"] tokens each, the length of each
+    drawn between half and one and a half times p["length"] (fairseq
+    batches sentences of about one length), the rows filling the tokens."""
+    tokens, batches = p["batch"] * p["length"], []
+    for _ in range(count):
+        length = int(torch.randint(p["length"] // 2, p["length"] * 3 // 2 + 1, (1,), generator=generator))
+        batches.append(tuple(random_tokens(dictionary, max(1, tokens // length), length, generator).to(device)
+                             for _ in range(2)))
+    return batches
 
 
 def consecutive_blocks(model, blocks):
@@ -500,7 +600,9 @@ def state_bytes_per_token(model, encoder_out, prev):
     return tensor_bytes(state) / prev.numel()
 
 
-def translation(p, seed, device, dtype, cuda_graphs, reference_loop):
+def translation(p, seed, device, dtype, cuda_graphs, reference_loop, first: int = 0):
+    """The translation table (printed, and returned as table() returns it);
+    with `first`, the rate over each model's first `first` batches first."""
     dictionary = make_dictionary(p["vocab"])
     g = torch.Generator().manual_seed(seed)
     src, target = (random_tokens(dictionary, p["batch"], p["length"], g).to(device) for _ in range(2))
@@ -508,11 +610,18 @@ def translation(p, seed, device, dtype, cuda_graphs, reference_loop):
     sentence_lengths = torch.full((len(sentences),), p["length"], device=device)
     sample = {"net_input": {"src_tokens": sentences, "src_lengths": sentence_lengths}}
     hypotheses = random_tokens(dictionary, p["beam_batch"] * BEAM, p["length"], g).to(device)
+    batches = max_tokens_batches(dictionary, p, first, g, device)
 
+    memory = PeakMemory.on(device)
     built = models([("transformer", "transformer", []), ("feedback_transformer", "feedback_transformer", [])],
                    lambda arch, extra: build_translation_model(arch, p, dictionary, seed, extra), device, dtype,
-                   cuda_graphs, reference_loop)
-    train = {name: translation_training(model, dictionary, src, target) for name, model in built.items()}
+                   cuda_graphs, reference_loop, memory)
+    optimizers = {}
+    for name, model in built.items():
+        with memory.charged(name):  # fp16's fp32 master weights
+            optimizers[name] = optimizer_for(model)
+    train = {name: translation_training(model, dictionary, src, target, optimizers[name])
+             for name, model in built.items()}
     beam = {name: generation(model, dictionary, sample, p["length"], beam_size=BEAM) for name, model in built.items()}
     state = {}
     for name, model in built.items():
@@ -522,21 +631,33 @@ def translation(p, seed, device, dtype, cuda_graphs, reference_loop):
         state[name] = state_bytes_per_token(model, encoder_out, shifted(dictionary, hypotheses))
 
     finite = FiniteResults()
-    train_rates, train_capture = interleaved_rates(built, train, p["repeats"], "training", finite)
+    rates, per_shape = {}, {}
+    if first:
+        rates[f"first {first} tok/s"], per_shape = first_batches(
+            built, {name: translation_training_on(model, dictionary, batches, optimizers[name])
+                    for name, model in built.items()}, first, finite, memory)
+    rates["train tok/s"], train_capture = interleaved_rates(built, train, p["repeats"], "training", finite, memory)
     for name, model in built.items():
         check_before_search(name, "beam search", model,
                             lambda: model(sentences, sentence_lengths, shifted(dictionary, sentences))[0])
-    beam_rates, beam_capture = interleaved_rates(built, beam, p["repeats"], "beam search", finite)
+    rates[f"beam-{BEAM} tok/s"], beam_capture = interleaved_rates(built, beam, p["repeats"], "beam search", finite,
+                                                                  memory)
+    rates["state B/token"] = state
     profiles = {name: kernels_and_busy_share(model, train[name], p["length"], device) for name, model in built.items()}
-    print_table(
+    others = {"capture s/shape": per_shape} if per_shape else {}
+    return table(
         f"translation: d={p['embed_dim']} ffn={p['ffn_dim']} heads={p['heads']} layers={p['layers']}+{p['layers']}, "
         f"training batches of {p['batch']}x{p['length']} tokens, beam {BEAM} over {p['beam_batch']} sentences of "
-        f"{p['length']} tokens",
-        list(built), {"train tok/s": train_rates, f"beam-{BEAM} tok/s": beam_rates, "state B/token": state},
-        profile_columns(built, profiles, [train_capture, beam_capture], device, cuda_graphs))
+        f"{p['length']} tokens" + (f"; first {first} batches of about {p['batch'] * p['length']} tokens, lengths "
+                                   f"{p['length'] // 2}-{p['length'] * 3 // 2}" if first else ""),
+        list(built), rates,
+        {**others, **profile_columns(built, profiles, [train_capture, beam_capture], device, cuda_graphs)},
+        memory, {"peak train MB": "training", "peak beam MB": "beam search"})
 
 
-def language_model(p, seed, device, dtype, cuda_graphs, reference_loop):
+def language_model(p, seed, device, dtype, cuda_graphs, reference_loop, first: int = 0):
+    """The language-model table (printed, and returned as table() returns
+    it); with `first`, the rate over each model's first `first` blocks first."""
     dictionary = make_dictionary(p["vocab"])
     g = torch.Generator().manual_seed(seed)
     blocks = stream_blocks(dictionary, p["streams"], p["block"], g, device)
@@ -544,13 +665,15 @@ def language_model(p, seed, device, dtype, cuda_graphs, reference_loop):
     sample = {"net_input": {"src_tokens": prompt, "src_lengths": torch.ones(len(prompt), dtype=torch.long,
                                                                             device=device)},
               "prefix_tokens": prompt}
+    memory = PeakMemory.on(device)
     built = models(language_model_pairs(p), lambda arch, extra: build_language_model(arch, p, dictionary, seed, extra),
-                   device, dtype, cuda_graphs, reference_loop)
+                   device, dtype, cuda_graphs, reference_loop, memory)
 
     train, evaluate, sampling = {}, {}, {}
     for name, model in built.items():
         forward, target = consecutive_blocks(model, blocks)
-        train[name] = training_step(model, forward, target)
+        with memory.charged(name):  # fp16's fp32 master weights
+            train[name] = training_step(model, forward, target)
 
         @torch.no_grad()
         def evaluation(model=model, forward=forward, target=target):
@@ -564,10 +687,12 @@ def language_model(p, seed, device, dtype, cuda_graphs, reference_loop):
                                     search_strategy=search.Sampling(dictionary))
 
     finite = FiniteResults()
-    rates, captures = {}, []
+    rates, captures, per_shape = {}, [], {}
+    if first:  # the training steps' first blocks: the streams from their start
+        rates[f"first {first} tok/s"], per_shape = first_batches(built, train, first, finite, memory)
 
     def measure(column, phase, workloads):
-        rates[column], capture = interleaved_rates(built, workloads, p["repeats"], phase, finite)
+        rates[column], capture = interleaved_rates(built, workloads, p["repeats"], phase, finite, memory)
         captures.append(capture)
 
     measure("train tok/s", "training", train)
@@ -576,11 +701,13 @@ def language_model(p, seed, device, dtype, cuda_graphs, reference_loop):
         check_before_search(name, "sampling", model, lambda: model(prompt)[0])
     measure("sample tok/s", "sampling", sampling)
     profiles = {name: kernels_and_busy_share(model, train[name], p["block"], device) for name, model in built.items()}
-    print_table(
+    return table(
         f"language model: d={p['embed_dim']} ffn={p['ffn_dim']} heads={p['heads']} layers={p['layers']}, "
         f"{p['streams']} streams x blocks of {p['block']} (feedback span {p['span']}, memory carried), "
         f"sampling {p['sample_batch']} sequences of {p['block'] - 2} tokens",
-        list(built), rates, profile_columns(built, profiles, captures, device, cuda_graphs))
+        list(built), rates, {**({"capture s/shape": per_shape} if per_shape else {}),
+                             **profile_columns(built, profiles, captures, device, cuda_graphs)},
+        memory, {"peak train MB": "training", "peak sample MB": "sampling"})
 
 
 # --- where the operators are (--breakdown) ----------------------------------------------------------------
@@ -661,7 +788,7 @@ def breakdown(which, preset, seed, reference_loop):
             training, p["layers"], p["block"])
 
 
-def profile_columns(built, profiles, captures, device, cuda_graphs) -> Dict[str, Dict[str, str]]:
+def profile_columns(built, profiles, captures, device, cuda_graphs) -> Dict[str, Dict[str, float]]:
     """Where graphs run, each graphed model's capture (the seconds its calls
     that captured graphs took beyond steady calls, every phase's
     `captures` summed) and its graphs' memory at the end; then each model's
@@ -669,30 +796,57 @@ def profile_columns(built, profiles, captures, device, cuda_graphs) -> Dict[str,
     columns = {}
     if graphs_run(device, cuda_graphs):
         caches = {name: graph_cache(model) for name, model in built.items() if graph_cache(model) is not None}
-        columns["capture s"] = {name: f"{sum(c[name] for c in captures):.2f}" for name in caches}
-        columns["graphs MB"] = {name: f"{cache.nbytes() / 2**20:.1f}" for name, cache in caches.items()}
+        columns["capture s"] = {name: sum(c[name] for c in captures) for name in caches}
+        columns["graphs MB"] = {name: cache.nbytes() / 2**20 for name, cache in caches.items()}
     gpu = device.type == "cuda"
-    columns["kernels/step" if gpu else "ops/step"] = {name: f"{kernels:.1f}" for name, (kernels, _) in profiles.items()}
+    columns["kernels/step" if gpu else "ops/step"] = {name: kernels for name, (kernels, _) in profiles.items()}
     if gpu:  # CUDA only
-        columns["GPU busy"] = {name: f"{busy:.0%}" for name, (_, busy) in profiles.items()}
+        columns["GPU busy"] = {name: busy for name, (_, busy) in profiles.items()}
     return columns
 
 
-def print_table(title, names, compared: Dict[str, Dict[str, float]], others: Dict[str, Dict[str, str]]):
+FORMATS = {"capture s": "{:.2f}", "capture s/shape": "{:.2f}", "GPU busy": "{:.0%}"}  # others: "{:.1f}"
+NOT_MEASURED = "not measured on this device"
+
+
+def table(title, names, compared: Dict[str, Dict[str, float]], others: Dict[str, Dict[str, float]],
+          memory: PeakMemory, peaks: Dict[str, str]) -> dict:
+    """Prints the table (print_table), each model's peak memory by phase
+    (`peaks`: column -> phase) among `others` where it is measured; returns
+    it for --json: its title, models, figures by column (each column's name
+    gives the unit) and model, the ratios, and the columns not measured."""
+    measured = {column: memory.column(phase) for column, phase in peaks.items()}
+    others = {**others, **{column: peak for column, peak in measured.items() if peak is not None}}
+    print_table(title, names, compared, others)
+    theirs, ours = names[:2]
+    return {"title": title, "models": names, "figures": {**compared, **others},
+            "feedback / fairseq": {c: compared[c][ours] / compared[c][theirs] for c in compared},
+            NOT_MEASURED: [column for column, peak in measured.items() if peak is None]}
+
+
+def print_table(title, names, compared: Dict[str, Dict[str, float]], others: Dict[str, Dict[str, float]]):
     """`compared`: figures by column and model, the feedback model's (the
     second model's) also as a ratio to fairseq's (the first); `others`:
-    texts by column and model, "-" for a model without one."""
+    more figures by column and model, "-" for a model without one."""
     columns = [*compared, *others]
     width = max(30, *(len(name) + 2 for name in names))
     print(title)
     print(f"{'model':{width}s}" + "".join(f"{c:>16s}" for c in columns))
     for name in names:
-        cells = [f"{compared[c][name]:.1f}" for c in compared] + [others[c].get(name, "-") for c in others]
+        cells = [f"{compared[c][name]:.1f}" for c in compared] + \
+                [FORMATS.get(c, "{:.1f}").format(others[c][name]) if name in others[c] else "-" for c in others]
         print(f"{name:{width}s}" + "".join(f"{cell:>16s}" for cell in cells))
     theirs, ours = names[:2]
     print(f"{'feedback / fairseq':{width}s}" + "".join(f"{compared[c][ours] / compared[c][theirs]:16.2f}"
                                                        for c in compared))
     print()
+
+
+def machine(device: torch.device) -> dict:
+    """What the figures were measured on."""
+    return {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else
+            f"CPU: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads",
+            "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version()}
 
 
 def main(argv=None):
@@ -718,10 +872,16 @@ def main(argv=None):
                         help="also run each feedback model with its loop step by step through autograd (the "
                              "reference loop, as before the fused block): what the fused block saves; with "
                              "--breakdown, the reference loop's operators instead")
+    parser.add_argument("--first-batches", type=int, default=0, metavar="N",
+                        help="first, each model's rate over its first N training batches, every capture included "
+                             "(translation: batches of fairseq's --max-tokens kind, of varied lengths; the language "
+                             "model: its first N blocks), and the seconds each new shape cost a graphed model")
+    parser.add_argument("--json", metavar="FILE", help="also write every figure of the tables, by column and model, "
+                                                       "with the machine, to FILE")
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         fail("--device cuda: no GPU is visible to torch")
-    check_at_least(args, threads=1)
+    check_at_least(args, threads=1, first_batches=0)
     if args.threads:
         torch.set_num_threads(args.threads)
     device, dtype = torch.device(args.device), DTYPES[args.dtype]
@@ -730,15 +890,22 @@ def main(argv=None):
     if args.breakdown:
         breakdown(args.only, args.preset, args.seed, args.reference_loop)
         return
+    tables = {}
     try:
         if args.only in (None, "translation"):
-            translation(PRESETS[args.preset]["translation"], args.seed, device, dtype, args.cuda_graphs,
-                        args.reference_loop)
+            tables["translation"] = translation(PRESETS[args.preset]["translation"], args.seed, device, dtype,
+                                                args.cuda_graphs, args.reference_loop, args.first_batches)
         if args.only in (None, "lm"):
-            language_model(PRESETS[args.preset]["lm"], args.seed, device, dtype, args.cuda_graphs,
-                           args.reference_loop)
+            tables["lm"] = language_model(PRESETS[args.preset]["lm"], args.seed, device, dtype, args.cuda_graphs,
+                                          args.reference_loop, args.first_batches)
     except NotFinite as error:
         fail(str(error))
+    if args.json:
+        with atomic_file(args.json) as f:
+            json.dump({"command": ["feedback-benchmark", *sys.argv[1:]] if argv is None else
+                       ["feedback-benchmark", *argv], "machine": machine(device), "dtype": args.dtype,
+                       "preset": args.preset, "cuda_graphs": args.cuda_graphs,
+                       "sizes": {name: PRESETS[args.preset][name] for name in tables}, "tables": tables}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,8 @@ changes taken from $RECIPE_OVERRIDES, a JSON object {tool: {"drop": [...],
 
 Multi-GPU launches become two CPU workers talking over gloo, as fairseq
 itself cannot on CPU: `fairseq-train --distributed-world-size N` (fairseq's
-own spawn, which needs N GPUs) starts two processes with explicit ranks,
+own spawn, which needs N GPUs; a command that names its --distributed-rank
+is one rank already, and runs as it is) starts two processes with explicit ranks,
 which meet through a file, and under torchrun (the `torchrun` stand-in caps
 --nproc_per_node at 2) each rank gets torchrun's RANK and WORLD_SIZE as
 explicit options, since fairseq divides by the number of GPUs to find its
@@ -139,7 +140,7 @@ def fairseq_tool(tool):
             gpus = int(os.environ.get("RECIPE_TORCHRUN_NPROC", os.environ["WORLD_SIZE"]))
             argv += ["--distributed-init-method", "env://", "--distributed-world-size", os.environ["WORLD_SIZE"],
                      "--distributed-rank", os.environ["RANK"], *GLOO]
-        elif int(_value(written, "--distributed-world-size") or 1) > 1:
+        elif int(_value(written, "--distributed-world-size") or 1) > 1 and not _has(written, "--distributed-rank"):
             gpus = int(_value(written, "--distributed-world-size"))
             log_call(tool, written, argv, gpus=gpus, workers=min(gpus, MAX_WORKERS))
             sys.exit(spawn_workers(argv, min(gpus, MAX_WORKERS)))

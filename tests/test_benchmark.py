@@ -4,9 +4,11 @@ capturing graphs cost apart from the rates, and names a model whose results are 
 
 import contextlib
 import io
+import json
 import math
 import re
 import sys
+import tempfile
 import time
 from types import SimpleNamespace
 from unittest import mock
@@ -49,14 +51,17 @@ RUNS = {"fp32": ["--reference-loop"], "fp32, graphs through the stand-in": ["--c
 
 class Runs(dict):
     """The tiny benchmark's output in each of RUNS, run when first asked
-    for, and the factory calls of this project's code that named no device
-    while it ran."""
+    for, the factory calls of this project's code that named no device
+    while it ran, and what it wrote with --json."""
 
     def __missing__(self, name):
         out = io.StringIO()
-        with FactoriesNameTheirDevice() as factories, contextlib.redirect_stdout(out):
-            benchmark.main(["--preset", "tiny", "--threads", "1", *RUNS[name]])
-        self[name] = out.getvalue(), factories.unnamed
+        with tempfile.TemporaryDirectory() as folder, FactoriesNameTheirDevice() as factories, \
+                contextlib.redirect_stdout(out):
+            benchmark.main(["--preset", "tiny", "--threads", "1", *RUNS[name], "--json", f"{folder}/figures.json"])
+            with open(f"{folder}/figures.json") as f:
+                written = json.load(f)
+        self[name] = out.getvalue(), factories.unnamed, written
         return self[name]
 
 
@@ -86,7 +91,7 @@ def plain_adam(model):
 
 def test_the_benchmark_runs_on_the_same_builders(runs):
     """With --reference-loop, each feedback model also runs its loop through autograd, in a row of its own."""
-    out, _ = runs["fp32"]
+    out, *_ = runs["fp32"]
     for row in ("transformer ", "feedback_transformer", "transformer_lm", "feedback_lm", "feedback / fairseq",
                 "feedback_transformer (reference loop)", "feedback_lm (reference loop)"):
         assert row in out
@@ -96,7 +101,7 @@ def test_the_benchmark_runs_on_the_same_builders(runs):
 @pytest.mark.half_precision
 def test_fp16_and_bf16_run_on_the_cpu_with_every_figure_finite(runs):
     for dtype in ("fp16", "bf16"):
-        out, _ = runs[dtype]
+        out, *_ = runs[dtype]
         rows = table_rows(out)
         assert {"transformer", "feedback_transformer", "transformer_lm", "feedback_lm"} <= set(rows)
         for name, cells in rows.items():
@@ -240,3 +245,93 @@ def test_the_breakdown_adds_up_to_the_ops_per_step_column(capsys):
         with benchmark._CountOps() as steady:
             work(steady)
     assert steady.count / p["length"] == column
+
+
+def test_the_json_holds_every_figure_of_the_tables_with_the_machine(runs):
+    out, _, written = runs["fp32, graphs through the stand-in"]
+    rows = table_rows(out)
+    assert set(written["tables"]) == {"translation", "lm"} and written["machine"]["torch"] == torch.__version__
+    for table in written["tables"].values():
+        for column, by_model in table["figures"].items():
+            for model, value in by_model.items():
+                assert rows[model][column] == benchmark.FORMATS.get(column, "{:.1f}").format(value), (column, model)
+        theirs, ours = table["models"][:2]
+        assert table["feedback / fairseq"]["train tok/s"] == pytest.approx(
+            table["figures"]["train tok/s"][ours] / table["figures"]["train tok/s"][theirs])
+    # peak memory is the allocator's (CUDA): on the CPU it says so, rather than printing a number
+    assert written["tables"]["translation"][benchmark.NOT_MEASURED] == ["peak train MB", "peak beam MB"]
+    assert "peak train MB" not in out
+
+
+class Allocator:
+    """A device's allocated bytes and their peak since the last reset, as torch.cuda keeps them."""
+
+    def __init__(self):
+        self.current = self.high = 0
+
+    def allocated(self):
+        return self.current
+
+    def peak(self):
+        return self.high
+
+    def reset_peak(self):
+        self.high = self.current
+
+    def change(self, nbytes):
+        self.current += nbytes
+        self.high = max(self.high, self.current)
+
+
+def test_each_models_peak_memory_is_its_own_though_the_models_share_the_device():
+    """Model a's weights (100 bytes) and b's (50) are on the device
+    together; a's call leaves 10 bytes of optimizer state and takes 30
+    more for a while: a alone would peak at 100 + 10 + 30, b's weights
+    apart; b's call, after, peaks at its own 50 and 5 more."""
+    allocator = Allocator()
+    memory = benchmark.PeakMemory(allocator)
+    for model, weights in (("a", 100), ("b", 50)):
+        with memory.charged(model):
+            allocator.change(weights)
+    with memory.charged("a", "training"):
+        allocator.change(+10)
+        allocator.change(+30)
+        allocator.change(-30)
+    with memory.charged("b", "training"):
+        allocator.change(+5)
+        allocator.change(-5)
+    with memory.charged("a", "training"):  # a steady call: no higher
+        allocator.change(+20)
+        allocator.change(-20)
+    assert memory.column("training") == {"a": 140 / 2**20, "b": 55 / 2**20}
+    assert memory.resident == {"a": 110, "b": 50}
+    assert benchmark.PeakMemory().column("training") is None  # off CUDA: not measured
+
+
+def test_the_first_batches_count_every_capture_and_each_new_shapes_cost():
+    """Three batches of a graphed model: the first sighting of a shape runs
+    eagerly (0.05 s), the next two calls capture (0.15 s each), and the
+    second pass over the batches replays (0.01 s a call): the first
+    batches' rate counts all of the first pass; each of the two shapes
+    cost what the first pass took beyond the second, halved."""
+    cache = SimpleNamespace(captured=0, failed=None)
+    graphed = SimpleNamespace(decoder=SimpleNamespace(graphed=SimpleNamespace(cache=cache)))
+    eager = SimpleNamespace(decoder=SimpleNamespace())
+    calls = []
+
+    def work():
+        calls.append(1)
+        capturing = len(calls) in (2, 3)
+        cache.captured += capturing
+        time.sleep(0.05 if len(calls) == 1 else 0.15 if capturing else 0.01)
+        return 100, torch.zeros(1)
+
+    def eager_work():
+        time.sleep(0.01)
+        return 100, torch.zeros(1)
+
+    rates, per_shape = benchmark.first_batches({"graphed": graphed, "eager": eager},
+                                               {"graphed": work, "eager": eager_work}, 3, benchmark.FiniteResults())
+    assert len(calls) == 6  # two passes: the second captured nothing
+    assert 300 / 0.6 < rates["graphed"] <= 300 / 0.35 and 300 / 0.1 < rates["eager"] <= 300 / 0.03
+    assert per_shape.keys() == {"graphed"} and 0.14 < per_shape["graphed"] < 0.3  # (0.35 - 0.03) / 2
