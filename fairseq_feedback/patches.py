@@ -78,6 +78,15 @@ def in_a_fairseq_tool() -> bool:
     return os.path.basename(sys.argv[0] if sys.argv else "").startswith("fairseq-")
 
 
+def tool_name(main) -> str:
+    """The name of the fairseq tool whose `main` this is, as fairseq_cli names
+    its module (train, eval_lm, ...): `python -m` runs it as __main__."""
+    module = main.__module__
+    if module == "__main__":
+        module = getattr(getattr(sys.modules["__main__"], "__spec__", None), "name", "")
+    return module.rsplit(".", 1)[-1]
+
+
 def apply_on_import() -> None:
     """What importing the plugin does: fairseq's data classes run on numpy 2 in
     any program; the other fixes only in fairseq's tools."""
@@ -204,7 +213,7 @@ def _tool_checked_first(call_main):
 
     @functools.wraps(call_main)
     def checked(cfg, main, **kwargs):
-        check_tool(cfg, main.__module__.rsplit(".", 1)[-1])
+        check_tool(cfg, tool_name(main))
         with _removed_if_left_empty(cfg.checkpoint.save_dir):
             return call_main(cfg, main, **kwargs)
 

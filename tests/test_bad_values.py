@@ -287,6 +287,8 @@ CASES = {
         "eval_lm", [*LABELS_MODEL, *flags.split()],
         "{LABELS_CKPT} was trained with --labels labels: it predicts labels, not the next token that fairseq-eval-lm "
         "scores; score it with feedback-evaluate-toy, or fairseq-validate") for flags in ("", " --labels labels")},
+    "eval-lm: a labels model (cold)": Case("eval_lm", LABELS_MODEL, "not the next token that fairseq-eval-lm scores",
+                                           cold=True),
     "interactive: a labels model": Case("interactive", LABELS_MODEL, "not the next token that fairseq-interactive "
                                                                      "generates", stdin="s1 s2\n"),
     "validate --labels: a language model": Case(
