@@ -230,9 +230,9 @@ CASES = {
     **{f"lm {flag} --cpu": lm(flag, message=f"{flag} computes in half precision on a GPU, and --cpu asks for none: "
                                             f"drop {flag}")
        for flag in ("--fp16", "--memory-efficient-fp16", "--amp")},
-    **{f"{tool} --bf16": Case(tool, argv, "--bf16 computes on a TPU in fairseq (--bf16 implies --tpu), through "
+    **{f"{name} --bf16": Case(tool, argv, "--bf16 computes on a TPU in fairseq (--bf16 implies --tpu), through "
                                           "torch_xla, which is not installed: drop --bf16 (on a GPU: --fp16 or --amp)")
-       for tool, argv in (("train", [*LM_TRAIN, "--bf16"]), ("eval_lm", [*EVAL_LM, "--bf16"]))},
+       for name, tool, argv in (("lm", "train", [*LM_TRAIN, "--bf16"]), ("eval-lm", "eval_lm", [*EVAL_LM, "--bf16"]))},
     "generate --fp16 --cpu": Case("generate", [*GENERATE, "--fp16"], "--fp16 computes in half precision on a GPU"),
     "interactive --fp16 --cpu": Case("interactive", [*GENERATE, "--fp16"], "--fp16 computes in half precision",
                                      stdin="s1 s2\n"),
@@ -246,7 +246,7 @@ CASES = {
     "generate: the test split's source .bin cut short": Case("generate", ["{TR_CUT}", *GENERATE[1:]],
                                                              "{TR_CUT}/test.src-tgt.src.bin holds"),
     # a checkpoint whose pickle would run code
-    **{f"{tool} --path: a checkpoint that would run code": Case(
+    **{f"{tool.replace('_', '-')} --path: a checkpoint that would run code": Case(
         tool, [*argv, "--path", "{EVIL}", "--cpu"], "{EVIL} holds objects a fairseq checkpoint does not "
         "(posix.system), so it was not loaded: loading it could run code it carries", stdin="s1\n")
        for tool, argv in (("eval_lm", ["{LM}", "--task", "feedback_language_modeling"]), ("generate", ["{TR}"]),
