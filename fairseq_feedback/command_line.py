@@ -13,7 +13,8 @@ hydra-train), check_generate for fairseq-generate. In this order:
 - the streaming task's options: blocks, batches of streams, labels;
 - fairseq's own options at values they cannot take (sizes of zero or
   less, probabilities outside [0, 1)): the model's, the batches',
-  generation's; and half precision, which fairseq computes on a GPU only;
+  generation's; and half precision, which fairseq computes on a GPU (or
+  a TPU) only;
 - the decoder's options (models/feedback_config.py, beside their
   definitions);
 - the data: the directories, a translation task's language pair, the
@@ -459,6 +460,10 @@ MAY_CHANGE = {
     "adaptive_span_loss", "adaptive_span_init", "checkpoint_activations", "offload_activations", "min_params_to_wrap",
     "cuda_graphs", "no_cuda_graphs", "tpu", "max_source_positions", "max_target_positions", "tokens_per_sample",
 }
+# Options that fairseq's build_model overwrites from another one when that one is set (so a checkpoint
+# records what the command line did not say): compared through the other.
+DERIVED = {"share_decoder_input_output_embed": "share_all_embeddings", "encoder_layers": "encoder_layers_to_keep",
+           "decoder_layers": "decoder_layers_to_keep"}
 INSTEAD = {"--save-dir": "start in another --save-dir", "--restore-file": "drop --restore-file",
            "--finetune-from-model": "drop --finetune-from-model"}
 
@@ -485,7 +490,9 @@ def check_continued_as_trained(cfg, model, checkpoint, named) -> None:
         raise FeedbackUsageError(f"{checkpoint} holds a {_model_name(trained)} model, and this command line builds "
                                  f"a {_model_name(model)}: continue it with its --arch, or {instead}")
     differ = [(name, _option(recorded.model, name), _option(cfg.model, name))
-              for name in sorted(model_options(model) - MAY_CHANGE)]
+              for name in sorted(model_options(model) - MAY_CHANGE)
+              if not (name in DERIVED and any(_option(options, DERIVED[name], None)
+                                              for options in (recorded.model, cfg.model)))]
     differ = [(name, was, now) for name, was, now in differ
               if _MISSING not in (was, now) and not _same(was, now)]
     if differ:
