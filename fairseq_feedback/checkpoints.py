@@ -9,7 +9,11 @@ folder and is renamed into place; and a run that finds checkpoint_last.pt
 truncated (by a copy of an older fairseq, say) says so and resumes from the
 newest complete checkpoint instead. A checkpoint named on the command line
 (--path, --restore-file) that is cut short is named in one line instead of
-torch's traceback (check_complete).
+torch's traceback (check_complete), and so is one that weights-only loading
+refuses (safe_checkpoints.refusal): fairseq reads every checkpoint through
+load_checkpoint_to_cpu, which patches.py wraps in loaded_in_one_line. What a
+checkpoint was trained with (its options) is read without its tensors
+(recorded_configuration), for command_line.py to compare with a command line.
 
 "Complete" means torch.save's zip archive has its central directory, which
 is written last: a file cut short at any point lacks it. Nothing is
@@ -19,16 +23,20 @@ with the allowlist of safe_checkpoints.py.
 
 import contextlib
 import copy
+import functools
 import logging
 import os
 import re
 import shutil
+import types
 import zipfile
 
+import torch
 from fairseq.file_io import PathManager
 from omegaconf import open_dict
 
 from .errors import FeedbackUsageError
+from .safe_checkpoints import fairseq_checkpoints_allowed, refusal
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +82,45 @@ def check_complete(path: str) -> None:
         raise FeedbackUsageError(f"{path} is truncated (its save or copy was cut short) and cannot be loaded: "
                                  "use a complete checkpoint")
     raise FeedbackUsageError(f"{path} is not a checkpoint (not a file torch.save wrote): check the path")
+
+
+@contextlib.contextmanager
+def refused_in_one_line(path: str):
+    """A checkpoint that weights-only loading refuses ends in one line."""
+    try:
+        yield
+    except Exception as e:
+        line = refusal(path, e)
+        if line is None:
+            raise
+        raise FeedbackUsageError(line) from None
+
+
+def loaded_in_one_line(load_checkpoint_to_cpu):
+    """fairseq's load_checkpoint_to_cpu, naming in one line a checkpoint it
+    cannot load: cut short, not a checkpoint, or refused."""
+
+    @functools.wraps(load_checkpoint_to_cpu)
+    def load(path, *args, **kwargs):
+        check_complete(path)
+        with refused_in_one_line(path):
+            return load_checkpoint_to_cpu(path, *args, **kwargs)
+
+    return load
+
+
+def recorded_configuration(path: str):
+    """The options a complete checkpoint was trained with, as .model and
+    .task (each a dict, or fairseq's argparse Namespace of every option), read
+    without loading its tensors; None for a checkpoint that records none."""
+    check_complete(path)
+    with refused_in_one_line(path), fairseq_checkpoints_allowed():
+        # mmap: the tensors stay on disk; torch's format from before 1.6 cannot be mapped
+        state = torch.load(path, map_location="cpu", mmap=is_complete(path), weights_only=True)
+    cfg = state.get("cfg") or {}
+    args = state.get("args")  # checkpoints of fairseq before its dataclass configuration
+    model, task = cfg.get("model", args), cfg.get("task", args)
+    return None if model is None or task is None else types.SimpleNamespace(model=model, task=task)
 
 
 def newest_complete_checkpoint(save_dir: str, suffix: str = ""):

@@ -13,19 +13,31 @@ hydra-train), check_generate for fairseq-generate. In this order:
 - the streaming task's options: blocks, batches of streams, labels;
 - fairseq's own options at values they cannot take (sizes of zero or
   less, probabilities outside [0, 1)): the model's, the batches',
-  generation's;
+  generation's; and half precision, which fairseq computes on a GPU (or
+  a TPU) only;
 - the decoder's options (models/feedback_config.py, beside their
   definitions);
 - the data: the directories, a translation task's language pair, the
-  splits the tool reads (present, and not empty);
-- the checkpoints named on the command line (present, and complete).
+  splits the tool reads (present, not empty, not cut short);
+- the checkpoints named on the command line (present, and complete) and
+  the one training continues from, against what they were trained with
+  (read from the checkpoint): training continues a model with the options
+  it was trained with, and the objective (--labels); a model trained to
+  predict labels is not scored or sampled as a language model.
 
-Every tool also checks a split for lines as fairseq loads it
-(check_not_empty), and the models and tasks check their pairing as they
-are built (check_model_and_task).
+Every tool also checks a split as fairseq loads it (check_binarized), and
+the models and tasks check their pairing as they are built
+(check_model_and_task).
 """
 
+import argparse
+import functools
+import importlib.util
 import os
+import struct
+
+import numpy as np
+import torch
 
 from fairseq import utils
 from fairseq.data import Dictionary, data_utils, indexed_dataset
@@ -34,30 +46,32 @@ from fairseq.tasks import TASK_REGISTRY
 from fairseq.tasks.language_modeling import LanguageModelingTask
 from fairseq.tasks.translation import TranslationTask
 
-from .checkpoints import check_complete
+from .checkpoints import is_complete, newest_complete_checkpoint, recorded_configuration
 from .errors import FeedbackUsageError
 from .models.feedback_config import check_feedback_args
 
 
 def model_class(model_cfg):
-    """The class an architecture's configuration builds, as fairseq's build_model finds it (None: none)."""
+    """The class an architecture's configuration (or a checkpoint's record of
+    it) builds, as fairseq's build_model finds it (None: none)."""
     if model_cfg is None:
         return None
-    return ARCH_MODEL_REGISTRY.get(getattr(model_cfg, "_name", None) or getattr(model_cfg, "arch", None))
+    return ARCH_MODEL_REGISTRY.get(_option(model_cfg, "_name", None) or _option(model_cfg, "arch", None))
 
 
-def check_tool(cfg) -> None:
+def check_tool(cfg, tool: str) -> None:
+    """`tool`: the name of its module in fairseq_cli (train, eval_lm, ...)."""
     model = model_class(cfg.get("model"))  # only training builds a model from the command line
-    _check(cfg, model, training_splits(cfg) if model is not None else [])
+    _check(cfg, model, training_splits(cfg) if model is not None else [], tool)
 
 
 def check_generate(cfg) -> None:
     """fairseq-generate: the model comes from --path (its parser's --arch is a
     placeholder), and it reads --gen-subset."""
-    _check(cfg, None, [(utils.split_paths(cfg.task.data)[0], cfg.dataset.gen_subset)])
+    _check(cfg, None, [(utils.split_paths(cfg.task.data)[0], cfg.dataset.gen_subset)], "generate")
 
 
-def _check(cfg, model, reads) -> None:
+def _check(cfg, model, reads, tool) -> None:
     task = TASK_REGISTRY.get(getattr(cfg.get("task"), "_name", None))
     if model is not None and task is not None:
         check_model_and_task(model, task)
@@ -66,12 +80,13 @@ def _check(cfg, model, reads) -> None:
         check_streams(cfg)
         check_labels(cfg, training=model is not None)
     check_fairseq_options(cfg)
+    check_precision(cfg)
     if model is not None:
         check_model_options(cfg.model, model)
         check_positions(cfg, model)
     if task is not None and cfg.task.get("data"):
         check_data(cfg, task, reads)
-    check_checkpoints(cfg, training=model is not None)
+    check_checkpoints(cfg, model, tool)
 
 
 def _is_feedback(model) -> bool:
@@ -239,6 +254,29 @@ def check_fairseq_options(cfg) -> None:
                                  "no output could be that long; raise --max-len-b (or --max-len-a)")
 
 
+# fairseq's half precision, as it names its options (first: those that imply another)
+HALF_PRECISION = ("memory_efficient_fp16", "memory_efficient_bf16", "fp16", "bf16", "amp")
+
+
+def check_precision(cfg) -> None:
+    """fairseq computes in half precision on a GPU, or in bfloat16 on a TPU
+    (--bf16 implies --tpu): elsewhere fairseq-train fails deep inside (`Torch
+    not compiled with CUDA`, an XLA device of None), and the other tools run
+    in float16 on the CPU or ignore the option."""
+    common = cfg.get("common")
+    if common is None:
+        return
+    half = next((name for name in HALF_PRECISION if common.get(name)), None)
+    if common.get("tpu"):
+        if importlib.util.find_spec("torch_xla") is None:
+            flag = _flag(half) if half in ("memory_efficient_bf16", "bf16") else "--tpu"
+            raise FeedbackUsageError(f"{flag} computes on a TPU in fairseq (--bf16 implies --tpu), through torch_xla, "
+                                     f"which is not installed: drop {flag} (on a GPU: --fp16 or --amp)")
+    elif half is not None and (common.get("cpu") or not torch.cuda.is_available()):
+        why = "--cpu asks for none" if common.get("cpu") else "torch sees none"
+        raise FeedbackUsageError(f"{_flag(half)} computes in half precision on a GPU, and {why}: drop {_flag(half)}")
+
+
 def check_ranges(options, ranges) -> None:
     for name, (valid, bound) in ranges.items():
         value = _number(getattr(options, name, None))
@@ -282,21 +320,63 @@ def check_data(cfg, task, reads) -> None:
             _bilingual_split(path, split, src, tgt, impl)
 
 
-def check_not_empty(prefix: str) -> None:
-    """A binarized split of no lines is an empty .bin (every line holds at
-    least its end-of-sentence token), which fairseq fails to read (numpy
-    cannot map an empty file)."""
-    data = indexed_dataset.data_file_path(prefix)
+def check_binarized(prefix: str) -> None:
+    """A binarized split fairseq can read: with lines (a split of none is an
+    empty .bin, as every line holds at least its end-of-sentence token, and
+    numpy cannot map an empty file), and not cut short (fairseq would read
+    past the end of a file, at some batch of some epoch)."""
+    data, index = indexed_dataset.data_file_path(prefix), indexed_dataset.index_file_path(prefix)
     if os.path.isfile(data) and os.path.getsize(data) == 0:
         raise FeedbackUsageError(f"{data} holds no lines (fairseq-preprocess was given an empty file): "
                                  "binarize the split again from a file with text")
+    if not (os.path.isfile(data) and os.path.isfile(index)):
+        return
+    expected = _mmap_file_sizes(index)
+    if expected is None:  # another of fairseq's formats (--dataset-impl lazy or cached): fairseq checks it
+        return
+    again = "binarize the split again with fairseq-preprocess"
+    for path, size in zip((index, data), expected):
+        if os.path.getsize(path) != size:
+            raise FeedbackUsageError(f"{path} holds {os.path.getsize(path)} bytes where {os.path.basename(index)} "
+                                     f"counts {size}: it was cut short (or is of another binarization); {again}")
+
+
+# the index of fairseq's mmap format: a magic, version (<Q), dtype code (<B) and lines (<Q), then each
+# line's size (int32), then each line's offset in bytes in the .bin (int64)
+MMAP_HEADER = struct.Struct("<9sQBQ")
+
+
+def _mmap_file_sizes(index: str):
+    """(index bytes, data bytes) that an index in fairseq's mmap format
+    counts, or None for an index in another format."""
+    magic = indexed_dataset.MMapIndexedDataset.Index._HDR_MAGIC
+    cut_short = FeedbackUsageError(f"{index} is cut short: binarize the split again with fairseq-preprocess")
+    with open(index, "rb") as f:
+        header = f.read(MMAP_HEADER.size)
+        if not header.startswith(magic):
+            if magic.startswith(header):
+                raise cut_short
+            return None
+        if len(header) < MMAP_HEADER.size:
+            raise cut_short
+        _, _, code, lines = MMAP_HEADER.unpack(header)
+        index_bytes = MMAP_HEADER.size + 12 * lines
+        if lines == 0:
+            return index_bytes, 0
+        if os.path.getsize(index) < index_bytes:
+            raise cut_short
+        f.seek(MMAP_HEADER.size + 4 * (lines - 1))  # the last line's size, then its offset
+        (size,) = struct.unpack("<i", f.read(4))
+        f.seek(MMAP_HEADER.size + 4 * lines + 8 * (lines - 1))
+        (offset,) = struct.unpack("<q", f.read(8))
+    return index_bytes, offset + size * np.dtype(indexed_dataset._code_to_dtype[code]).itemsize
 
 
 def check_split(prefix: str, impl, missing: str) -> None:
-    """A split fairseq-preprocess wrote (PREFIX.bin and .idx), with lines; `missing` says what to do without it."""
+    """A split fairseq-preprocess wrote (PREFIX.bin and .idx), readable; `missing` says what to do without it."""
     if not indexed_dataset.dataset_exists(prefix, impl=impl):
         raise FeedbackUsageError(missing)
-    check_not_empty(prefix)
+    check_binarized(prefix)
 
 
 def monolingual_split(data: str, split: str, impl=None) -> str:
@@ -329,37 +409,142 @@ def training_splits(cfg):
 # --- checkpoints ---------------------------------------------------------------------------------
 
 
-def check_checkpoints(cfg, training: bool) -> None:
-    """The checkpoints a tool reads (--path) and, when training, the one it
-    starts from; and a training run has batches to make."""
+def check_checkpoints(cfg, model, tool) -> None:
+    """The checkpoints a tool reads (--path) and, when training (`model`: the
+    class it builds), the one it continues from; and a training run has
+    batches to make."""
     path = cfg.get("common_eval", {}).get("path")
     for checkpoint in utils.split_paths(path) if path else []:
         if not os.path.isfile(checkpoint):
             raise FeedbackUsageError(f"checkpoint {checkpoint} not found: check --path")
-        check_complete(checkpoint)
-    if training:
-        check_resumed_checkpoint(cfg)
+        check_read_as_trained(cfg, checkpoint, tool)
+    if model is not None:
+        continued = continued_checkpoint(cfg)
+        if continued is not None:
+            check_continued_as_trained(cfg, model, *continued)
         if cfg.dataset.max_tokens is None and cfg.dataset.batch_size is None:
             raise FeedbackUsageError("set a batch size with --max-tokens or --batch-size")
 
 
-def check_resumed_checkpoint(cfg) -> None:
-    """A checkpoint named with --restore-file (other than the default,
-    checkpoint_last.pt in --save-dir), which fairseq-train silently replaces
-    by a fresh model when it does not exist, or with --finetune-from-model,
-    read when --save-dir holds no checkpoint_last.pt yet."""
+def continued_checkpoint(cfg):
+    """(path, how it was named) of the checkpoint fairseq-train will continue
+    from, or None: checkpoint_last.pt in --save-dir (or, cut short, what
+    checkpoints.py resumes from instead), else --restore-file when named
+    (which fairseq-train silently replaces by a fresh model when it does not
+    exist), else --finetune-from-model."""
     checkpoint = cfg.checkpoint
     if cfg.distributed_training.use_sharded_state:
-        return  # one file per rank, named by fairseq-train as it runs
+        return None  # one file per rank, named by fairseq-train as it runs
     suffix = checkpoint.checkpoint_suffix or ""
-    named = {}
     if checkpoint.restore_file != "checkpoint_last.pt":
-        named["--restore-file"] = checkpoint.restore_file.replace(".pt", suffix + ".pt")
-    elif not os.path.exists(os.path.join(checkpoint.save_dir, f"checkpoint_last{suffix}.pt")):
-        named["--finetune-from-model"] = checkpoint.finetune_from_model
-    for option, path in named.items():
-        if path is None:
-            continue
-        if not os.path.isfile(path):
-            raise FeedbackUsageError(f"{option} {path} not found: check the path")
-        check_complete(path)
+        named = ("--restore-file", checkpoint.restore_file.replace(".pt", suffix + ".pt"))
+    else:
+        last = os.path.join(checkpoint.save_dir, f"checkpoint_last{suffix}.pt")
+        if os.path.exists(last):
+            newest = last if is_complete(last) else newest_complete_checkpoint(checkpoint.save_dir, suffix)
+            return None if newest is None else (newest, "--save-dir")  # none: checkpoints.py names it
+        named = ("--finetune-from-model", checkpoint.finetune_from_model)
+    option, path = named
+    if path is None:
+        return None
+    if not os.path.isfile(path):
+        raise FeedbackUsageError(f"{option} {path} not found: check the path")
+    return path, option
+
+
+# The model options that may change when training continues from a checkpoint: regularisation,
+# how the model is computed and how long its inputs may be. Any other option makes another model.
+MAY_CHANGE = {
+    "dropout", "attention_dropout", "activation_dropout", "relu_dropout", "adaptive_softmax_dropout",
+    "encoder_layerdrop", "decoder_layerdrop", "quant_noise_pq", "quant_noise_pq_block_size", "quant_noise_scalar",
+    "adaptive_span_loss", "adaptive_span_init", "checkpoint_activations", "offload_activations", "min_params_to_wrap",
+    "cuda_graphs", "no_cuda_graphs", "tpu", "max_source_positions", "max_target_positions", "tokens_per_sample",
+}
+# Options that fairseq's build_model overwrites from another one when that one is set (so a checkpoint
+# records what the command line did not say): compared through the other.
+DERIVED = {"share_decoder_input_output_embed": "share_all_embeddings", "encoder_layers": "encoder_layers_to_keep",
+           "decoder_layers": "decoder_layers_to_keep"}
+INSTEAD = {"--save-dir": "start in another --save-dir", "--restore-file": "drop --restore-file",
+           "--finetune-from-model": "drop --finetune-from-model"}
+
+
+def check_continued_as_trained(cfg, model, checkpoint, named) -> None:
+    """Training continues a model with the options it was trained with, and
+    with its objective: fairseq would build the model this command line
+    describes and fail to load the parameters into it (a traceback), or load
+    them into a model that computes something else, or train them on
+    another objective, without a word."""
+    recorded = recorded_configuration(checkpoint)
+    if recorded is None:
+        return
+    instead = INSTEAD[named]
+    labels, given = _option(recorded.task, "labels", None), cfg.task.get("labels")
+    if labels and not given:
+        raise FeedbackUsageError(f"{checkpoint} was trained with --labels {labels}, to predict labels: continue it "
+                                 f"with --task feedback_language_modeling --labels {labels}, or {instead}")
+    if given and not labels:
+        raise FeedbackUsageError(f"{checkpoint} was trained without --labels, to predict the next token: "
+                                 f"drop --labels {given}, or {instead}")
+    trained = model_class(recorded.model)
+    if trained is not None and trained is not model:
+        raise FeedbackUsageError(f"{checkpoint} holds a {_model_name(trained)} model, and this command line builds "
+                                 f"a {_model_name(model)}: continue it with its --arch, or {instead}")
+    differ = [(name, _option(recorded.model, name), _option(cfg.model, name))
+              for name in sorted(model_options(model) - MAY_CHANGE)
+              if not (name in DERIVED and any(_option(options, DERIVED[name], None)
+                                              for options in (recorded.model, cfg.model)))]
+    differ = [(name, was, now) for name, was, now in differ
+              if _MISSING not in (was, now) and not _same(was, now)]
+    if differ:
+        was = " ".join(f"{_flag(name)} {value}" for name, value, _ in differ)
+        now = " ".join(f"{_flag(name)} {value}" for name, _, value in differ)
+        raise FeedbackUsageError(f"{checkpoint} was trained with {was}, and this command line asks for {now}: "
+                                 f"continue it with {was}, or {instead}")
+
+
+def check_read_as_trained(cfg, checkpoint, tool) -> None:
+    """A checkpoint given to a tool (--path): complete, and read as what it
+    was trained for. fairseq-validate reads the objective from the
+    checkpoint; the other tools take it from the command line."""
+    recorded = recorded_configuration(checkpoint)
+    if recorded is None:
+        return
+    labels, given = _option(recorded.task, "labels", None), cfg.task.get("labels")
+    if labels and tool in ("eval_lm", "generate", "interactive"):
+        does = "scores" if tool == "eval_lm" else "generates"
+        raise FeedbackUsageError(f"{checkpoint} was trained with --labels {labels}: it predicts labels, not the next "
+                                 f"token that fairseq-{tool.replace('_', '-')} {does}; score it with "
+                                 "feedback-evaluate-toy, or fairseq-validate")
+    if given and not labels:
+        raise FeedbackUsageError(f"{checkpoint} was trained without --labels, to predict the next token: "
+                                 f"drop --labels {given}")
+
+
+_MISSING = object()
+
+
+def _option(options, name, missing=_MISSING):
+    """An option of a configuration (a dict, omegaconf's, or an argparse Namespace); `missing` if it has none."""
+    if isinstance(options, argparse.Namespace):
+        return getattr(options, name, missing)
+    return options.get(name, missing)
+
+
+def _same(a, b) -> bool:
+    """Two values of an option, as a command line and a checkpoint hold them (a number may be a string)."""
+    a_number, b_number = _number(a), _number(b)
+    if a_number is not None and b_number is not None:
+        return a_number == b_number
+    return str(a) == str(b)
+
+
+@functools.lru_cache(maxsize=None)
+def model_options(model) -> frozenset:
+    """The names of a model class's options, as its add_args declares them."""
+    parser = argparse.ArgumentParser(add_help=False)
+    model.add_args(parser)
+    return frozenset(action.dest for action in parser._actions)
+
+
+def _model_name(model) -> str:
+    return next((name for name, cls in MODEL_REGISTRY.items() if cls is model), model.__name__)

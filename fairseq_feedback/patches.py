@@ -34,16 +34,24 @@ everywhere, since fairseq's data classes fail without it in any program:
   before anything is read (fairseq issue 1986): the command line is checked
   before the tool's main runs (command_line.py), a checkpoint file before
   torch reads it, and a split before numpy maps it (an empty one: fairseq
-  issue 3903).
+  issue 3903; one cut short). What the tool created for a run that then
+  failed is removed if it holds nothing.
 - every mistake ends in a traceback, even a missing file (fairseq issues
-  974, 2831): the mistakes a user can fix print one line (errors.py).
+  974, 2831): the mistakes a user can fix print one line (errors.py), and a
+  checkpoint that weights-only loading refuses is named in one line, without
+  torch's advice to turn the check off (checkpoints.py).
+- fairseq composes its configuration through hydra's deprecated API, whose
+  warnings (twenty lines) come before anything the tool prints: they are
+  silenced (hydra itself has no switch for them).
 """
 
+import contextlib
 import functools
 import logging
 import os
 import sys
 import types
+import warnings
 from argparse import Namespace
 
 import numpy as np
@@ -53,8 +61,8 @@ from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.distributed import utils as distributed_utils
 from fairseq.logging import progress_bar
 
-from .checkpoints import AtomicCopyPathManager, check_complete, resume_from_a_complete_checkpoint
-from .command_line import check_generate, check_not_empty, check_tool
+from .checkpoints import AtomicCopyPathManager, loaded_in_one_line, resume_from_a_complete_checkpoint
+from .command_line import check_binarized, check_generate, check_tool
 from .errors import one_line
 from .safe_checkpoints import allow_fairseq_checkpoints
 
@@ -70,6 +78,15 @@ def in_a_fairseq_tool() -> bool:
     return os.path.basename(sys.argv[0] if sys.argv else "").startswith("fairseq-")
 
 
+def tool_name(main) -> str:
+    """The name of the fairseq tool whose `main` this is, as fairseq_cli names
+    its module (train, eval_lm, ...): `python -m` runs it as __main__."""
+    module = main.__module__
+    if module == "__main__":
+        module = getattr(getattr(sys.modules["__main__"], "__spec__", None), "name", "")
+    return module.rsplit(".", 1)[-1]
+
+
 def apply_on_import() -> None:
     """What importing the plugin does: fairseq's data classes run on numpy 2 in
     any program; the other fixes only in fairseq's tools."""
@@ -81,6 +98,7 @@ def apply_on_import() -> None:
 def apply() -> None:
     """Every fix; a fix already applied is left as it is."""
     give_fairseq_numpy_1_names()
+    silence_hydra_deprecations()
     allow_fairseq_checkpoints()
     _patch(progress_bar, "progress_bar", _one_handler_per_log_file)
     _patch(data_utils, "batch_by_size", _keep_every_sentence)
@@ -89,9 +107,9 @@ def apply() -> None:
     # fairseq-train resumes through load_checkpoint; no hook precedes it
     _patch(checkpoint_utils, "load_checkpoint", resume_from_a_complete_checkpoint)
     # each looked up in its module when called, by fairseq's tools and by fairseq itself
-    _patch(distributed_utils, "call_main", lambda call_main: _checked_first(call_main, check_tool))
-    _patch(checkpoint_utils, "load_checkpoint_to_cpu", lambda load: _checked_first(load, check_complete))
-    _patch(data_utils, "load_indexed_dataset", lambda load: _checked_first(load, check_not_empty))
+    _patch(distributed_utils, "call_main", _tool_checked_first)
+    _patch(checkpoint_utils, "load_checkpoint_to_cpu", loaded_in_one_line)
+    _patch(data_utils, "load_indexed_dataset", lambda load: _checked_first(load, check_binarized))
     # fairseq-generate calls its main itself, where it is __main__ (python -m) or imported (the console script)
     for module in (sys.modules.get("__main__"), sys.modules.get("fairseq_cli.generate")):
         if getattr(getattr(module, "__spec__", None), "name", None) == "fairseq_cli.generate":
@@ -125,6 +143,23 @@ def give_fairseq_numpy_1_names() -> None:
     for module in (token_block_dataset, language_pair_dataset, data_utils):
         if module.np is np:
             module.np = _NumpyAsFairseqCallsIt()
+
+
+# the starts of the messages of hydra's deprecation warnings that fairseq's configuration raises
+HYDRA_DEPRECATIONS = (
+    r"hydra\.experimental\.\w+\(\) is no longer experimental",
+    r"The version_base parameter is not specified",
+    r"In '\w+': Usage of deprecated keyword in package header",
+    r"'\w+' is validated against ConfigStore schema",
+    r"The strict flag in the compose API is deprecated",
+)
+
+
+def silence_hydra_deprecations() -> None:
+    """hydra's deprecation warnings about how fairseq calls it; for this
+    project's tools too, which build fairseq's configurations themselves."""
+    for message in HYDRA_DEPRECATIONS:
+        warnings.filterwarnings("ignore", message=r"\s*" + message, category=UserWarning)
 
 
 def _patch(module, name: str, fix) -> None:
@@ -171,18 +206,53 @@ def _checked_first(function, check):
     return checked
 
 
+def _tool_checked_first(call_main):
+    """distributed_utils.call_main(cfg, main), through which fairseq's tools
+    run their main: the command line checked first, and a --save-dir the
+    run created and left empty removed."""
+
+    @functools.wraps(call_main)
+    def checked(cfg, main, **kwargs):
+        check_tool(cfg, tool_name(main))
+        with _removed_if_left_empty(cfg.checkpoint.save_dir):
+            return call_main(cfg, main, **kwargs)
+
+    return checked
+
+
 def _generate_checked_first(main):
     """fairseq-generate's main, given its configuration once converted (it
-    converts a Namespace itself) and checked."""
+    converts a Namespace itself) and checked; a --results-path it created
+    for a run that failed is removed with the file it opened there."""
 
     @functools.wraps(main)
     def checked(cfg):
         if isinstance(cfg, Namespace):
             cfg = convert_namespace_to_omegaconf(cfg)
         check_generate(cfg)
-        return main(cfg)
+        folder = cfg.common_eval.results_path
+        opened = [] if folder is None else [os.path.join(folder, f"generate-{cfg.dataset.gen_subset}.txt")]
+        with _removed_if_left_empty(folder, *opened):
+            return main(cfg)
 
     return checked
+
+
+@contextlib.contextmanager
+def _removed_if_left_empty(folder, *partial):
+    """A folder that the block creates is removed if the block fails, once
+    the `partial` files it wrote there are: only if that leaves it empty."""
+    created = folder is not None and not os.path.exists(folder)
+    try:
+        yield
+    except BaseException:
+        if created and os.path.isdir(folder):
+            for path in partial:
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(path)
+            with contextlib.suppress(OSError):  # not empty: what it holds was worth keeping
+                os.rmdir(folder)
+        raise
 
 
 def _one_line_for_fixable_mistakes(previous):

@@ -9,7 +9,9 @@ allowlist exactly the plain-data classes fairseq writes into checkpoints:
   checkpoint's training state;
 - omegaconf containers and fairseq's tensor placeholder: what distributed
   training and resuming store.
-Everything else is still refused (fairseq issues 5603, 5610). fairseq's
+Everything else is still refused (fairseq issues 5603, 5610), and named in
+one line (refusal), never with torch's advice to load with
+weights_only=False, which would let the file run its code. fairseq's
 tools allow them for the whole run (patches.py: a --user-dir plugin is
 imported before any checkpoint is read), this project's tools as they start;
 the models' from_pretrained (the hub, in a program of one's own) for the
@@ -19,7 +21,10 @@ load alone.
 import argparse
 import collections
 import contextlib
+import pickle
+import re
 import typing
+from typing import Optional
 
 import numpy as np
 import torch
@@ -67,3 +72,14 @@ def fairseq_checkpoints_allowed():
     finally:
         torch.serialization.clear_safe_globals()
         torch.serialization.add_safe_globals(before)
+
+
+def refusal(path, error: BaseException) -> Optional[str]:
+    """The line naming a checkpoint that weights-only loading refused for a
+    class outside the allowlist (a pickle that would run code, or make
+    objects fairseq never stores); None for any other error."""
+    refused = re.search(r"GLOBAL (\S+)", str(error)) if isinstance(error, pickle.UnpicklingError) else None
+    if refused is None:
+        return None
+    return (f"{path} holds objects a fairseq checkpoint does not ({refused.group(1)}), so it was not loaded: "
+            "loading it could run code it carries; use a checkpoint that fairseq-train wrote")

@@ -30,7 +30,7 @@ from collections import OrderedDict
 from typing import Dict, List, Optional
 
 from .command_line import ArgumentParser, check_at_least, fail
-from .outputs import atomic_file
+from .outputs import atomic_file, check_destination
 
 EPOCH = re.compile(r"checkpoint(\d+)\.pt")
 UPDATE = re.compile(r"checkpoint_\d+_(\d+)\.pt")
@@ -59,18 +59,15 @@ def last_checkpoints(folder: str, n: int, update_based: bool, upper_bound: Optio
 def load(path: str) -> dict:
     import torch
 
-    from fairseq_feedback.safe_checkpoints import allow_fairseq_checkpoints
+    from fairseq_feedback.safe_checkpoints import allow_fairseq_checkpoints, refusal
 
     allow_fairseq_checkpoints()  # the classes fairseq stores in checkpoints, and no other
     if not os.path.isfile(path):
         fail(f"checkpoint {path} not found")
     try:
         state = torch.load(path, map_location="cpu")  # torch's default: weights_only
-    except pickle.UnpicklingError as e:
-        refused = [line.strip() for line in str(e).splitlines() if "GLOBAL" in line]
-        if refused:  # weights_only refused a class: the file would have run code, or made unknown objects
-            fail(f"{path} holds objects a fairseq checkpoint does not, so it was not loaded ({refused[0][:160]})")
-        fail(f"cannot read {path} as a checkpoint: not a torch.save file, or corrupt")
+    except pickle.UnpicklingError as e:  # weights_only refused a class (the file would have run code), or corrupt
+        fail(refusal(path, e) or f"cannot read {path} as a checkpoint: not a torch.save file, or corrupt")
     except (RuntimeError, EOFError, OSError, ValueError) as e:
         first = str(e).splitlines()[0][:160] if str(e) else type(e).__name__
         fail(f"cannot read {path} as a checkpoint: truncated or corrupt? ({first})")
@@ -163,6 +160,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     num = args.num_epoch_checkpoints or args.num_update_checkpoints
     # epochs and updates count from 1
     check_at_least(args, num_epoch_checkpoints=1, num_update_checkpoints=1, checkpoint_upper_bound=1)
+    check_destination(args.output, "--output")
     if num is not None:
         if len(args.inputs) != 1:
             fail("with --num-epoch-checkpoints or --num-update-checkpoints, --inputs takes one folder")

@@ -3,10 +3,13 @@
 `fail(message)` stops a command with `error: MESSAGE` on stderr and exit status 1, no
 traceback; the parser's own errors (a missing or mistyped option) end the same way, without
 argparse's usage dump; `check_at_least` names a count given below the values it can take;
-`quiet` leaves a tool's result as the one thing it prints.
+`quiet` leaves a tool's result as the one thing it prints; `stop_on_sigterm` makes a kill end a
+command as Ctrl-C does.
 """
 
 import argparse
+import os
+import signal
 from typing import NoReturn
 
 
@@ -34,3 +37,21 @@ def quiet() -> None:
 
     logging.getLogger().setLevel(logging.WARNING)
     warnings.filterwarnings("ignore")
+
+
+def stop_on_sigterm() -> None:
+    """SIGTERM (kill, a job scheduler's stop) raises KeyboardInterrupt, as
+    Ctrl-C does: the processes the command started are stopped (subprocess.run
+    kills its child on any exception, a Pool its workers), its partial outputs
+    removed, and it ends with its one line; by default Python would die at
+    once and leave them running."""
+    owner = os.getpid()
+
+    def interrupt(signum, frame):
+        if os.getpid() != owner:  # a worker forked from the command (a Pool's, which terminate() ends so)
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)

@@ -23,6 +23,7 @@ import os
 
 from . import plots
 from .command_line import ArgumentParser, fail
+from .outputs import check_destination
 from .toy_scoring import METRICS
 
 
@@ -88,6 +89,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
         fail(f"the folder of --out {args.out} does not exist")
+    check_destination(args.out, "--out")
     if args.kind == "toy":
         os.makedirs(args.out, exist_ok=True)
         print("| task | model | updates | token accuracy | episode accuracy | training hours |")

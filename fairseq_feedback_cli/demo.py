@@ -33,7 +33,6 @@ import json
 import os
 import re
 import shlex
-import signal
 import subprocess
 import sys
 import time
@@ -41,8 +40,8 @@ import time
 import torch
 
 from . import plots, toy_evaluation
-from .command_line import ArgumentParser, check_at_least, fail, quiet
-from .outputs import atomic_folder
+from .command_line import ArgumentParser, check_at_least, fail, quiet, stop_on_sigterm
+from .outputs import atomic_folder, check_destination
 from .toy_scoring import METRICS
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -369,12 +368,9 @@ def main(argv=None):
     for key in ("updates", "eval_every", "seed"):
         if getattr(args, key) is not None:
             config[key] = getattr(args, key)
+    check_destination(args.out, "--out")
     quiet()
-
-    def terminated(signum, frame):  # as Ctrl-C: stop the training runs, remove the partial folder
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, terminated)
+    stop_on_sigterm()  # as Ctrl-C: stop the training runs, remove the partial folder
     try:
         run(args.out, config, args.threads)
     except KeyboardInterrupt:

@@ -33,7 +33,8 @@ import os
 from fairseq_feedback.errors import one_line
 
 from .command_line import ArgumentParser, check_at_least, fail, quiet
-from .toy_evaluation import evaluate, score_files
+from .outputs import check_destination
+from .toy_evaluation import default_output, evaluate, score_files
 from .toy_scoring import METRICS
 
 
@@ -75,6 +76,8 @@ def main(argv=None):
     elif not (args.data and args.path):
         parser.error("pass --data and --path (a checkpoint), or --predictions and --raw")
     check_at_least(args, batch_size=1, tokens_per_sample=1)
+    if not args.predictions:
+        check_destination(args.output or default_output(args.path, args.split), "--output")
     quiet()
     try:
         if args.predictions:

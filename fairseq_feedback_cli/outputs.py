@@ -1,12 +1,32 @@
-"""Outputs that appear complete or not at all: for the tools and the data scripts."""
+"""Outputs that appear complete or not at all, where they can be written: for the tools and the data scripts."""
 
 import contextlib
 import os
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Union
 
+from .command_line import fail
+
 PathLike = Union[str, os.PathLike]
+
+
+def check_destination(path: PathLike, option: str) -> None:
+    """Stops with one line naming `option` unless `path` (a file or a folder
+    to write, and the folders that will hold it) can be created: checked
+    before any work, rather than found when the result is ready to write.
+    Tried for real, with a temporary folder made and removed where it would
+    go, since permissions alone do not tell (a read-only disk, /proc,
+    /sys)."""
+    path = Path(path).absolute()
+    folder = path if path.is_dir() else next(p for p in path.parents if p.exists())
+    if not folder.is_dir():
+        fail(f"{option} {path}: {folder} is a file, not a folder: check the path")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".write-test-", dir=folder))
+    except OSError as e:
+        fail(f"{option} {path}: nothing can be written in {folder} ({e.strerror}): pass a path you can write to")
 
 
 def partial_path(path: Path) -> Path:

@@ -2,11 +2,12 @@
 split streamed through the task's batch iterator, the argmax label at every position, Table 1's
 metrics (toy_scoring.py). For feedback-evaluate-toy and the demo."""
 
+import itertools
 import os
 
 import torch
 
-from fairseq_feedback.safe_checkpoints import allow_fairseq_checkpoints
+from fairseq_feedback.safe_checkpoints import allow_fairseq_checkpoints, refusal
 
 from .command_line import fail
 from .outputs import atomic_file
@@ -30,9 +31,9 @@ def load(path, data, tokens_per_sample=None):
         overrides["tokens_per_sample"] = tokens_per_sample
     try:
         state = checkpoint_utils.load_checkpoint_to_cpu(path, arg_overrides=overrides)
-    except Exception as e:  # not a checkpoint at all (pickle, zip or torch's weights-only refusal)
+    except Exception as e:  # torch's weights-only refusal, or not a checkpoint at all (pickle, zip)
         first = str(e).split(". ")[0].splitlines()[0] if str(e).strip() else ""
-        fail(f"{path} is not a readable fairseq checkpoint ({type(e).__name__}: {first})")
+        fail(refusal(path, e) or f"{path} is not a readable fairseq checkpoint ({type(e).__name__}: {first})")
     cfg = state.get("cfg")
     if cfg is None or cfg.get("task") is None:
         fail(f"{path} holds no fairseq training configuration")
@@ -53,7 +54,8 @@ def predict(model, task, split, batch_size):
     end-of-line position left out), streamed block by block as in training."""
     from fairseq import utils
 
-    task.load_dataset(split)
+    if split not in task.datasets:
+        task.load_dataset(split)
     dataset = task.dataset(split)
     itr = task.get_batch_iterator(dataset, max_sentences=batch_size,
                                   max_positions=utils.resolve_max_positions(task.max_positions(),
@@ -89,6 +91,27 @@ def binarized_labels(task, split):
     ignore = task.args.ignore_label
     return [[NO_LOSS if symbols[i] == ignore else symbols[i] for i in dataset.labels[n][:-1].tolist()]
             for n in range(len(dataset))]
+
+
+def check_labels_of_split(labels, task, split, raw, data):
+    """The lines of a raw labels file are those of the split's binarized
+    labels (where those know the label): a labels file of another split of
+    the same shape would score the predictions against the wrong answers."""
+    binarized = binarized_labels(task, split)
+    unknown, ignore = task.target_dictionary.unk_word, task.args.ignore_label
+
+    def same(raw_label, label):
+        return label in (raw_label, unknown) or (label == NO_LOSS and raw_label == ignore)
+
+    for n, (line, known) in enumerate(itertools.zip_longest(labels, binarized), start=1):
+        if line is None or known is None:
+            where = f"it has {len(labels)} lines, the split {len(binarized)}"
+        elif len(line) != len(known) or not all(map(same, line, known)):
+            where = f"line {n} differs"
+        else:
+            continue
+        fail(f"{raw} does not match the {split} split of {data} ({where}): pass the {split} split's labels file "
+             f"(the generator's {split}.labels)")
 
 
 def read_labels(path, what="labels file"):
@@ -139,6 +162,9 @@ def evaluate(task, data, path, split="test", raw=None, output=None, batch_size=N
     if torch.cuda.is_available() and not cpu:
         model.cuda()
     rows = batch_size or cfg.dataset.batch_size_valid or cfg.dataset.batch_size or 1
+    fs_task.load_dataset(split)
+    if labels is not None:
+        check_labels_of_split(labels, fs_task, split, raw, data)
     predicted = predict(model, fs_task, split, int(rows))
     if labels is None:
         labels = binarized_labels(fs_task, split)

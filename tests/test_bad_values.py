@@ -1,10 +1,13 @@
 """Every value that cannot work ends with one line naming the fix, before any
-directory is created (issue 12, item 6): one sweep through the real tools.
+directory is created (issue 12, item 6; issue 38: half precision on the CPU,
+data files cut short, checkpoints that would run code, models continued with
+other options or another objective, destinations that cannot be written):
+one sweep through the real tools.
 
 Each case is a command line and a fragment of the message it must stop with.
 The check is the same for all: a non-zero exit status, exactly one `error:`
-line, no traceback, and no output path (--save-dir, --output, --out,
---results-path) created. Most run the tool's own function on the command
+line, no traceback, no output path (--save-dir, --output, --out,
+--results-path) created, and no checkpoint's code run. Most run the tool's own function on the command
 line in this process (a mistake the plugin names printed as its exception
 hook prints it); those marked COLD start `python -m` like a user's shell
 does, in a new process. The module's last lines report the counts.
@@ -48,6 +51,7 @@ TR_TRAIN = ["{TR}", "--arch", "feedback_transformer", *TINY, "--encoder-layers",
             "--encoder-ffn-embed-dim", "32", "--encoder-attention-heads", "2", "--max-tokens", "200"]
 EVAL_LM = ["{LM}", "--task", "feedback_language_modeling", "--path", "{LM_CKPT}", "--cpu"]
 GENERATE = ["{TR}", "--path", "{TR_CKPT}", "--cpu"]
+LABELS_MODEL = ["{LM}", "--task", "feedback_language_modeling", "--path", "{LABELS_CKPT}", "--cpu"]
 
 
 def lm(*flags, data="{LM}", cold=False, message):
@@ -222,6 +226,94 @@ CASES = {
                                          "{TRUNCATED} is truncated", stdin="s1 s2\n"),
     "interactive --path empty": Case("interactive", ["{TR}", "--path", "{EMPTY_FILE}", "--cpu"],
                                      "{EMPTY_FILE} is truncated", stdin="s1 s2\n"),
+    # half precision, which fairseq computes on a GPU only
+    **{f"lm {flag} --cpu": lm(flag, message=f"{flag} computes in half precision on a GPU, and --cpu asks for none: "
+                                            f"drop {flag}")
+       for flag in ("--fp16", "--memory-efficient-fp16", "--amp")},
+    **{f"{name} --bf16": Case(tool, argv, "--bf16 computes on a TPU in fairseq (--bf16 implies --tpu), through "
+                                          "torch_xla, which is not installed: drop --bf16 (on a GPU: --fp16 or --amp)")
+       for name, tool, argv in (("lm", "train", [*LM_TRAIN, "--bf16"]), ("eval-lm", "eval_lm", [*EVAL_LM, "--bf16"]))},
+    "generate --fp16 --cpu": Case("generate", [*GENERATE, "--fp16"], "--fp16 computes in half precision on a GPU"),
+    "interactive --fp16 --cpu": Case("interactive", [*GENERATE, "--fp16"], "--fp16 computes in half precision",
+                                     stdin="s1 s2\n"),
+    # binarized files cut short
+    "eval-lm: test.bin cut short": Case(
+        "eval_lm", ["{LM_CUT}", *EVAL_LM[1:]],
+        "{LM_CUT}/test.bin holds {CUT_BYTES} bytes where test.idx counts {TEST_BYTES}: it was cut short (or is of "
+        "another binarization); binarize the split again with fairseq-preprocess"),
+    "lm: train.idx cut short": lm(data="{LM_CUT}", message="{LM_CUT}/train.idx is cut short: binarize the split "
+                                                           "again with fairseq-preprocess"),
+    "generate: the test split's source .bin cut short": Case("generate", ["{TR_CUT}", *GENERATE[1:]],
+                                                             "{TR_CUT}/test.src-tgt.src.bin holds"),
+    # a checkpoint whose pickle would run code
+    **{f"{tool.replace('_', '-')} --path: a checkpoint that would run code": Case(
+        tool, [*argv, "--path", "{EVIL}", "--cpu"], "{EVIL} holds objects a fairseq checkpoint does not "
+        "(posix.system), so it was not loaded: loading it could run code it carries", stdin="s1\n")
+       for tool, argv in (("eval_lm", ["{LM}", "--task", "feedback_language_modeling"]), ("generate", ["{TR}"]),
+                          ("interactive", ["{TR}"]))},
+    **{f"lm {option}: a checkpoint that would run code": lm(option, "{EVIL}", message="{EVIL} holds objects")
+       for option in ("--restore-file", "--finetune-from-model")},
+    # a model continued with other options, or to another objective
+    "lm --restore-file with another --memory-span": lm(
+        "--restore-file", "{LM_CKPT}", "--memory-span", "16",
+        message="{LM_CKPT} was trained with --memory-span 8, and this command line asks for --memory-span 16: "
+                "continue it with --memory-span 8, or drop --restore-file"),
+    "lm --finetune-from-model with --no-feedback and another depth": lm(
+        "--finetune-from-model", "{LM_CKPT}", "--no-feedback", "--decoder-layers", "3",
+        message="{LM_CKPT} was trained with --decoder-layers 2 --no-feedback False, and this command line asks for "
+                "--decoder-layers 3 --no-feedback True: continue it with --decoder-layers 2 --no-feedback False, or "
+                "drop --finetune-from-model"),
+    # no parameter depends on the span of a decoder without relative positions: fairseq trained on, silently
+    "translation --restore-file with another --memory-span": tr(
+        "--restore-file", "{TR_CKPT}", "--memory-span", "4",
+        message="{TR_CKPT} was trained with --memory-span 8, and this command line asks for --memory-span 4"),
+    "translation --restore-file with another --encoder-layers": tr(
+        "--restore-file", "{TR_CKPT}", "--encoder-layers", "2",
+        message="{TR_CKPT} was trained with --encoder-layers 1, and this command line asks for --encoder-layers 2"),
+    "lm --restore-file of another model": Case(
+        "train", ["{LM}", "--task", "language_modeling", "--arch", "transformer_lm", "--tokens-per-sample", "8",
+                  "--batch-size", "2", "--cpu", "--save-dir", "{OUT}", "--restore-file", "{LM_CKPT}"],
+        "{LM_CKPT} holds a feedback_lm model, and this command line builds a transformer_lm: continue it with its "
+        "--arch, or drop --restore-file"),
+    "lm --restore-file: a labels model without --labels": lm(
+        "--restore-file", "{LABELS_CKPT}",
+        message="{LABELS_CKPT} was trained with --labels labels, to predict labels: continue it with --task "
+                "feedback_language_modeling --labels labels, or drop --restore-file"),
+    "lm --labels --restore-file: a language model": lm(
+        "--labels", "labels", "--restore-file", "{LM_CKPT}",
+        message="{LM_CKPT} was trained without --labels, to predict the next token: drop --labels labels, or drop "
+                "--restore-file"),
+    **{f"eval-lm{flags}: a labels model": Case(
+        "eval_lm", [*LABELS_MODEL, *flags.split()],
+        "{LABELS_CKPT} was trained with --labels labels: it predicts labels, not the next token that fairseq-eval-lm "
+        "scores; score it with feedback-evaluate-toy, or fairseq-validate") for flags in ("", " --labels labels")},
+    "eval-lm: a labels model (cold)": Case("eval_lm", LABELS_MODEL, "not the next token that fairseq-eval-lm scores",
+                                           cold=True),
+    "interactive: a labels model": Case("interactive", LABELS_MODEL, "not the next token that fairseq-interactive "
+                                                                     "generates", stdin="s1 s2\n"),
+    "validate --labels: a language model": Case(
+        "validate", [*EVAL_LM, "--labels", "labels", "--batch-size", "2"],
+        "{LM_CKPT} was trained without --labels, to predict the next token: drop --labels labels"),
+    # a data error found once fairseq-train has made --save-dir: the folder goes again
+    "lm --labels that do not align": lm("--labels", "labels", data="{LM_MISALIGNED}",
+                                        message="labels {LM_MISALIGNED}/labels/valid do not align"),
+    # destinations that cannot be written
+    **{f"{option} under a file": Case(tool, [*argv, option, "{TEXT_FILE}/x"],
+                                      "{TEXT_FILE}/x: Not a directory: a part of it is a file, not a folder")
+       for tool, argv, option in (("train", LM_TRAIN, "--save-dir"), ("train", LM_TRAIN, "--log-file"),
+                                  ("generate", GENERATE, "--results-path"))},
+    **{f"{tool.rsplit('.', 1)[-1]} {option} under a file": Case(
+        tool, [*argv, option, "{TEXT_FILE}/x"], f"{option} {{TEXT_FILE}}/x: {{TEXT_FILE}} is a file, not a folder")
+       for tool, argv, option in (
+           ("fairseq_feedback_cli.average_checkpoints", ["--inputs", "{LM_CKPT}"], "--output"),
+           ("fairseq_feedback_cli.evaluate_toy", ["--task", "copy", "--data", "{LM}", "--path", "{LABELS_CKPT}"],
+            "--output"),
+           ("fairseq_feedback_cli.demo", ["--tiny"], "--out"),
+           ("fairseq_feedback_cli.data_prep.toy_tasks", ["copy"], "--out"))},
+    "average-checkpoints --output in /proc": Case(
+        "fairseq_feedback_cli.average_checkpoints", ["--inputs", "{LM_CKPT}", "--output", "/proc/nope/avg.pt"],
+        "--output /proc/nope/avg.pt: nothing can be written in /proc (No such file or directory): pass a path you "
+        "can write to"),
     # this package's tools
     **{f"average-checkpoints {option} {value}": Case(
         "fairseq_feedback_cli.average_checkpoints", ["--inputs", "{LM}", "--num-epoch-checkpoints", "1", option,
@@ -309,7 +401,13 @@ def files(tmp_path_factory):
         shutil.copytree(f[data], f[name])
         for path in f[name].glob(drop + "*"):
             path.unlink()
-    for name, argv in (("LM_CKPT", LM_TRAIN), ("TR_CKPT", TR_TRAIN)):
+    f["LM_MISALIGNED"] = root / "lm_misaligned"
+    shutil.copytree(f["LM"], f["LM_MISALIGNED"])
+    for path in (f["LM_MISALIGNED"] / "labels").glob("valid.*"):
+        path.unlink()
+    ok(in_process("preprocess", ["--only-source", "--validpref", raw / "train.labels", "--srcdict",
+                                 f["LM"] / "labels" / "dict.txt", "--destdir", f["LM_MISALIGNED"] / "labels"]))
+    for name, argv in (("LM_CKPT", LM_TRAIN), ("TR_CKPT", TR_TRAIN), ("LABELS_CKPT", [*LM_TRAIN, "--labels", "labels"])):
         save = root / name.lower()
         ok(in_process("train", [a.format(**f, OUT=save) for a in argv]))
         f[name] = save / "checkpoint_last.pt"
@@ -317,7 +415,26 @@ def files(tmp_path_factory):
     f["TRUNCATED"].write_bytes(f["TR_CKPT"].read_bytes()[:20000])
     f["EMPTY_FILE"].write_bytes(b"")
     f["TEXT_FILE"].write_text("not a checkpoint\n")
+    f["EVIL"], f["RAN"] = root / "evil.pt", root / "a checkpoint ran its code"
+    torch.save({"model": {}, "payload": RunsCode(f["RAN"])}, f["EVIL"])
+    for name, data, cut in (("LM_CUT", "LM", ("test.bin", "train.idx")), ("TR_CUT", "TR", ("test.src-tgt.src.bin",))):
+        f[name] = root / name.lower()
+        shutil.copytree(f[data], f[name])
+        for path in cut:
+            (f[name] / path).write_bytes((f[name] / path).read_bytes()[:-10])
+    f["TEST_BYTES"] = (f["LM"] / "test.bin").stat().st_size
+    f["CUT_BYTES"] = f["TEST_BYTES"] - 10
     return f
+
+
+class RunsCode:
+    """Unpickled, it would create a file."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return os.system, (f"touch '{self.path}'",)
 
 
 # ---------------------------------------------------------------------- the sweep
@@ -350,6 +467,7 @@ def run_case(case, files, tmp_path):
     assert len(errors) == 1, printed[-3000:]
     assert case.message.format(**names) in errors[0], errors[0]
     assert not [p for p in tmp_path.iterdir()], f"created: {sorted(os.listdir(tmp_path))}"
+    assert not files["RAN"].exists()
     TALLY["one line"] += 1
 
 
@@ -359,6 +477,14 @@ def test_a_bad_value_stops_with_one_line_and_creates_nothing(name, files, tmp_pa
 
 
 # ---------------------------------------------------------------------- the advice works
+
+
+def test_a_continued_model_may_change_its_regularisation_and_how_it_is_computed(files, tmp_path):
+    proc = in_process("train", [a.format(**files, OUT=tmp_path / "out") for a in LM_TRAIN] + [
+        "--restore-file", files["LM_CKPT"], "--max-update", "2", "--dropout", "0.3", "--attention-dropout", "0.1",
+        "--max-target-positions", "64", "--cuda-graphs", "off"])
+    ok(proc)
+    assert "Loaded checkpoint" in proc.stdout
 
 
 def test_the_head_dim_advice_works_for_the_language_model():

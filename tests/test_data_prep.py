@@ -1,11 +1,13 @@
 """data_prep scripts, offline, on tiny raw data in each dataset's real format (tests/data_prep_fixtures.py)."""
 
+import contextlib
 import dataclasses
 import hashlib
 import http.server
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -172,6 +174,72 @@ def test_command_line_error_is_one_line(tmp_path, how):
     assert proc.returncode != 0
     assert len(proc.stderr.strip().splitlines()) == 1 and proc.stderr.startswith("error: "), proc.stderr
     assert "has neither" in proc.stderr
+
+
+@pytest.mark.parametrize("option,path,message", [
+    ("--dest", "/proc/nope/bin", "--dest /proc/nope/bin: nothing can be written in /proc (No such file or directory): "
+                                 "pass a path you can write to"),
+    ("--dest", "{raw}/wikitext-103/wiki.train.tokens/bin", "{raw}/wikitext-103/wiki.train.tokens is a file, not a folder"),
+    ("--work", "/proc/nope/work", "--work /proc/nope/work: nothing can be written in /proc"),
+])
+def test_an_unwritable_destination_is_one_line_before_any_work(tmp_path, option, path, message):
+    fx.write_wikitext(tmp_path / "raw")
+    argv = dirs(tmp_path)
+    argv[argv.index(option) + 1] = path.format(raw=tmp_path / "raw")
+    assert message.format(raw=tmp_path / "raw") in script_error(wiki, "--raw", tmp_path / "raw", *argv)
+    assert not (tmp_path / "work").exists() and not (tmp_path / "data-bin").exists()
+
+
+# a stand-in for fairseq-preprocess, which says who it is and waits to be stopped
+SLOW_PREPROCESS = """
+import os, time
+pid_file = os.environ["PREPROCESS_PID"]
+with open(pid_file + ".tmp", "w") as f:
+    f.write(str(os.getpid()))
+os.rename(pid_file + ".tmp", pid_file)
+time.sleep(120)
+"""
+
+
+def running(pid) -> bool:
+    """Whether process `pid` runs (a zombie, ended but not yet collected, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in "ZX"
+    except FileNotFoundError:
+        return False
+
+
+def test_sigterm_ends_the_scripts_fairseq_preprocess_and_leaves_no_partial_output(tmp_path):
+    """kill (SIGTERM) stops a data script as Ctrl-C does: its fairseq-preprocess
+    stops too, no partial folder stays, and it says so in one line."""
+    fake = tmp_path / "fake" / "fairseq_cli"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / "preprocess.py").write_text(SLOW_PREPROCESS)
+    fx.write_wikitext(tmp_path / "raw")
+    pid_file = tmp_path / "preprocess.pid"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path / "fake"), str(REPO)]),
+               PREPROCESS_PID=str(pid_file))
+    with open(tmp_path / "stderr", "w") as err:
+        script = subprocess.Popen([sys.executable, "-m", "fairseq_feedback_cli.data_prep.prepare_wikitext103", "--raw",
+                                   tmp_path / "raw", *map(str, dirs(tmp_path))], env=env, stderr=err)
+    deadline = time.monotonic() + 60
+    while not pid_file.exists():
+        assert script.poll() is None and time.monotonic() < deadline, (tmp_path / "stderr").read_text()
+        time.sleep(0.05)
+    preprocess = int(pid_file.read_text())
+    script.send_signal(signal.SIGTERM)
+    script.wait(60)
+    try:
+        assert not running(preprocess)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(preprocess, signal.SIGKILL)
+    assert script.returncode == 1
+    lines = (tmp_path / "stderr").read_text().strip().splitlines()
+    assert lines[-1] == "error: interrupted; rerun the same command to resume", lines
+    assert not (tmp_path / "data-bin" / "out").exists() and not (tmp_path / "data-bin" / "out.tmp").exists()
 
 
 # ------------------------------------------------------------------- WMT14

@@ -125,6 +125,21 @@ def test_predictions_are_the_argmax_of_the_model_over_the_whole_stream(toy_model
                                                                    expected)
 
 
+def test_labels_of_another_split_of_the_same_shape_are_refused_not_scored(toy_model, tmp_path):
+    """Episodes of one length: the valid split's labels (or the test split's in
+    another order) line up with the test predictions token for token, and
+    would be scored as if they were the test split's answers."""
+    raw, data, ckpt = toy_model
+    labels = read(f"{raw}/test.labels")
+    assert len({len(line) for line in labels}) == 1
+    write(tmp_path / "shuffled.labels", labels[::-1])
+    assert main_error("--task", "random_walk", "--data", data, "--path", ckpt, "--raw", tmp_path / "shuffled.labels",
+                      "--output", tmp_path / "p.txt") == (
+        f"error: {tmp_path / 'shuffled.labels'} does not match the test split of {data} (line 1 differs): pass the "
+        "test split's labels file (the generator's test.labels)")
+    assert not os.path.exists(tmp_path / "p.txt")
+
+
 def test_a_checkpoint_with_other_data_is_one_line(toy_model, tmp_path):
     raw, data, ckpt = toy_model
     assert "does not match the test split" in main_error(

@@ -35,16 +35,34 @@ def test_the_log_file_holds_each_line_once_whatever_the_epochs(trained):
 
 
 def test_eval_lm_carries_memory_so_the_block_length_does_not_matter(trained):
+    """... and a block longer than the longest stream is cut to it, rather than padded (a hundred times slower)."""
     root, _ = trained
     test_tokens = sum(len(line.split()) + 1 for line in open(root / "corpus" / "test.txt"))
     results = []
-    for block in (16, 128):
+    for block in (16, 128, 100_000):
         out = run("eval_lm", root / "data-bin", "--task", "feedback_language_modeling", "--path",
                   root / "checkpoints" / "checkpoint_last.pt", "--tokens-per-sample", block, "--batch-size", 2,
                   "--gen-subset", "test", "--cpu").stdout
         assert f"Evaluated {test_tokens} tokens" in out
         results.append(last_number(r"Loss \(base 2\): ([\d.]+)", out))
-    assert results[0] == results[1]
+    assert "(--tokens-per-sample 100000 cut to the longest stream)" in out
+    assert results[0] == results[1] == results[2]
+
+
+def test_streams_left_empty_are_left_out_of_the_batches_with_a_warning(trained):
+    """More streams than lines: the empty ones would only pad every batch (and
+    100,000 of them ran out of memory); without them, the numbers are those of
+    any other count of streams that deals each line into a stream of its own."""
+    root, _ = trained
+    results = {}
+    for rows in (1000, 100_000):  # the test split's 20 lines, one stream each
+        out = run("eval_lm", root / "data-bin", "--task", "feedback_language_modeling", "--path",
+                  root / "checkpoints" / "checkpoint_last.pt", "--batch-size", rows, "--gen-subset", "test",
+                  "--cpu").stdout
+        results[rows] = last_number(r"Loss \(base 2\): ([\d.]+)", out)
+    assert "WARNING | fairseq_feedback.tasks.streams | test: 20 lines fill 20 of the 100000 streams asked for " \
+           "(--batch-size x workers); the empty ones are left out of the batches" in out
+    assert results[1000] == results[100_000]
 
 
 def test_sampling_through_interactive_and_the_hub(trained):
@@ -123,3 +141,4 @@ def test_labels_that_do_not_align_are_one_line(tmp_path):
                "--batch-size", 2, "--max-update", 1, "--save-dir", tmp_path / "checkpoints", check=False)
     assert last_line(proc).startswith(f"error: labels {tmp_path / 'data-bin' / 'labels' / 'train'} do not align "
                                       f"with {tmp_path / 'data-bin' / 'train'} (line 5 differs)")
+    assert not (tmp_path / "checkpoints").exists()  # found once fairseq-train had made it: removed again

@@ -291,9 +291,13 @@ def test_importing_the_plugin_changes_nothing_and_the_hub_still_loads(killed_run
 
 @pytest.mark.parametrize("how", ["console script", "python -m"])
 def test_fairseq_tools_still_print_the_plugins_errors_as_one_line(tmp_path, how):
+    """... and nothing else: not the twenty lines of hydra's deprecation warnings that fairseq's start-up raised
+    (Python's warnings shown, as a user's shell shows them)."""
     command = ([os.path.join(os.path.dirname(sys.executable), "fairseq-train")] if how == "console script"
                else [sys.executable, "-m", "fairseq_cli.train"])
+    env = {name: value for name, value in ENV.items() if name != "PYTHONWARNINGS"}
     proc = subprocess.run([*command, tmp_path, "--user-dir", PLUGIN, "--arch", "feedback_transformer",
-                           "--memory-span", "0"], env=ENV, capture_output=True, text=True)
+                           "--memory-span", "0"], env=env, capture_output=True, text=True)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert error_lines(proc) == ["error: --memory-span must be at least 1, got 0"]
+    assert proc.stderr.splitlines() == ["error: --memory-span must be at least 1, got 0"], proc.stderr

@@ -29,11 +29,23 @@ class SplitStream(FairseqDataset):
     def blocks(self, block, dictionary, output_dictionary, ignore_label, rows, num_shards, shard_id):
         """Deals the lines into rows * num_shards contiguous streams of about
         equal length (so a stream starts at a line, whatever the block length),
-        cuts each stream into blocks, and keeps this worker's streams."""
+        cuts each stream into blocks, and keeps this worker's streams.
+
+        A block longer than the longest stream is cut to it, and streams left
+        empty (more streams than lines) are left out of the batches: either
+        would only be padding, and without it the blocks hold the same tokens
+        in the same rows' order (the same numbers, up to a hundred times
+        faster)."""
         num_streams = rows * num_shards
         cumulative = np.cumsum(self.tokens.sizes)
         targets = np.linspace(0, cumulative[-1], num_streams + 1)[1:-1]
         bounds = [0, *np.searchsorted(cumulative, targets, side="right").tolist(), len(self.tokens)]
+        lengths = [int(self.tokens.sizes[bounds[s]:bounds[s + 1]].sum()) for s in range(num_streams)]
+        asked, block = block, min(block, max(lengths))
+        empty = lengths.count(0)
+        if empty:
+            logger.warning(f"{self.name}: {len(self)} lines fill {num_streams - empty} of the {num_streams} streams "
+                           "asked for (--batch-size x workers); the empty ones are left out of the batches")
 
         def cut(lines, lo, hi, include_targets):
             return TokenBlockDataset(_Lines(lines, lo, hi), lines.sizes[lo:hi], block, pad=dictionary.pad(),
@@ -46,17 +58,17 @@ class SplitStream(FairseqDataset):
             labels = None if self.labels is None else cut(self.labels, lo, hi, False)
             return cut(self.tokens, lo, hi, labels is None), labels
 
-        blocks_per_stream = [-(-int(self.tokens.sizes[bounds[s]:bounds[s + 1]].sum()) // block)  # ceil
-                             for s in range(num_streams)]
         no_loss = None
         if self.labels is not None:
             no_loss = torch.tensor([output_dictionary.index(ignore_label), output_dictionary.eos()])
-        mine = [stream(s) for s in range(shard_id * rows, (shard_id + 1) * rows)]
-        steps = max(blocks_per_stream)
-        dataset = StreamBlockDataset(self.name, mine, steps, block, dictionary.pad(), no_loss)
+        mine = [s for s in range(shard_id * rows, (shard_id + 1) * rows) if lengths[s]] or [shard_id * rows]
+        steps = max(-(-length // block) for length in lengths)  # ceil
+        dataset = StreamBlockDataset(self.name, [stream(s) for s in mine], rows, steps, block, dictionary.pad(),
+                                     no_loss)
         scored = "each scored once" if self.labels is None else f"each scored once unless labelled '{ignore_label}'"
+        cut_to = f" (--tokens-per-sample {asked} cut to the longest stream)" if block < asked else ""
         logger.info(f"{self.name}: {int(cumulative[-1])} tokens, {scored}, in {num_streams} streams of up to "
-                    f"{steps} blocks of {block} tokens ({rows} streams on this worker)")
+                    f"{steps} blocks of {block} tokens{cut_to} ({rows} streams on this worker)")
         return dataset
 
 
@@ -64,13 +76,15 @@ class StreamBlockDataset(FairseqDataset):
     """Item k is block k of each stream this worker reads, as one batch.
 
     `streams` holds this worker's streams, each a list of blocks (fairseq's
-    TokenBlockDataset over its lines, and over its labels). Every worker takes
-    `steps` steps, the length of the longest stream of all workers, so that
-    distributed workers stay in step; a stream that has ended is padding.
+    TokenBlockDataset over its lines, and over its labels), of the `rows`
+    it was dealt (those with lines). Every worker takes `steps` steps, the
+    length of the longest stream of all workers, so that distributed workers
+    stay in step; a stream that has ended is padding.
     """
 
-    def __init__(self, name, streams, steps, block, pad, no_loss=None):
-        self.name, self.streams, self.steps, self.block, self.pad, self.no_loss = name, streams, steps, block, pad, no_loss
+    def __init__(self, name, streams, rows, steps, block, pad, no_loss=None):
+        self.name, self.streams, self.rows, self.steps = name, streams, rows, steps
+        self.block, self.pad, self.no_loss = block, pad, no_loss
 
     def source_and_target(self, stream, k):
         tokens, labels = stream
@@ -99,7 +113,7 @@ class StreamBlockDataset(FairseqDataset):
         k, source, target = item["id"], item["source"], item["target"]
         return {
             "id": torch.arange(len(source)) + k * len(source),
-            "nsentences": len(source),
+            "nsentences": self.rows,  # as asked for (--sentence-avg divides by it)
             "ntokens": int(target.ne(self.pad).sum()),  # what is scored, not what is read
             "net_input": {
                 "src_tokens": source,

@@ -1,5 +1,5 @@
 """The command line every data script shares: where the raw files, the work and the output go, and
-how many processes to use; the progress log; an interruption as one line."""
+how many processes to use; the progress log; an interruption (Ctrl-C or SIGTERM) as one line."""
 
 import argparse
 import multiprocessing
@@ -7,7 +7,8 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from fairseq_feedback_cli.command_line import ArgumentParser, check_at_least, fail
+from fairseq_feedback_cli.command_line import ArgumentParser, check_at_least, fail, stop_on_sigterm
+from fairseq_feedback_cli.outputs import check_destination
 
 
 def log(message: str) -> None:
@@ -15,6 +16,7 @@ def log(message: str) -> None:
 
 
 def run_cli(main: Callable[[], None]) -> None:
+    stop_on_sigterm()  # fairseq-preprocess, tokenizers and partial folders end with the script
     try:
         main()
     except KeyboardInterrupt:
@@ -44,3 +46,5 @@ def resolve_dirs(args: argparse.Namespace) -> None:
         if not args.raw.is_dir():
             fail(f"--raw {args.raw} is not a folder")
     check_at_least(args, workers=1)
+    check_destination(args.dest, "--dest")
+    check_destination(args.work, "--work")

@@ -14,7 +14,7 @@ import os
 import random
 
 from fairseq_feedback_cli.command_line import ArgumentParser, check_at_least
-from fairseq_feedback_cli.outputs import atomic_folder
+from fairseq_feedback_cli.outputs import atomic_folder, check_destination
 
 
 def sentence_pair(rng: random.Random, vocab: int, min_len: int, max_len: int):
@@ -46,6 +46,7 @@ def main(argv=None):
     if os.path.exists(args.out):
         parser.exit(0, f"{args.out} exists; keeping it\n")
     check_at_least(args, train=1, valid=1, test=1, vocab=1, max_len=3)
+    check_destination(args.out, "--out")
     write_corpus(args.out, {"train": args.train, "valid": args.valid, "test": args.test},
                  vocab=args.vocab, max_len=args.max_len, seed=args.seed)
 

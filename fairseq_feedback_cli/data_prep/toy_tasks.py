@@ -22,7 +22,7 @@ import random
 from functools import partial
 
 from fairseq_feedback_cli.command_line import ArgumentParser, check_at_least, fail
-from fairseq_feedback_cli.outputs import atomic_folder
+from fairseq_feedback_cli.outputs import atomic_folder, check_destination
 from fairseq_feedback_cli.toy_scoring import NO_LOSS
 
 SPLITS = ("train", "valid", "test")
@@ -324,6 +324,7 @@ def build_parser():
 def main(argv=None):
     parsed = build_parser().parse_args(argv)
     check_at_least(parsed, **dict.fromkeys(COUNTS, 1))
+    check_destination(parsed.out, "--out")
     args = vars(parsed)
     task, out, seed, force = args.pop("task"), args.pop("out"), args.pop("seed"), args.pop("force")
     sizes = {split: args.pop(split) for split in SPLITS}
