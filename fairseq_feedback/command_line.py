@@ -80,7 +80,7 @@ def _check(cfg, model, reads, tool) -> None:
         check_streams(cfg)
         check_labels(cfg, training=model is not None)
     check_fairseq_options(cfg)
-    check_precision(cfg)
+    check_precision(cfg, training=model is not None)
     if model is not None:
         check_model_options(cfg.model, model)
         check_positions(cfg, model)
@@ -258,23 +258,30 @@ def check_fairseq_options(cfg) -> None:
 HALF_PRECISION = ("memory_efficient_fp16", "memory_efficient_bf16", "fp16", "bf16", "amp")
 
 
-def check_precision(cfg) -> None:
-    """fairseq computes in half precision on a GPU, or in bfloat16 on a TPU
-    (--bf16 implies --tpu): elsewhere fairseq-train fails deep inside (`Torch
-    not compiled with CUDA`, an XLA device of None), and the other tools run
-    in float16 on the CPU or ignore the option."""
+def check_precision(cfg, training: bool) -> None:
+    """Half precision where fairseq cannot compute it as asked: --bf16
+    implies --tpu; --amp autocasts on a GPU only (elsewhere fairseq computes
+    in float32 without a word); and fairseq-train's --fp16 flattens its
+    float32 copy of the weights onto a GPU (elsewhere it fails deep inside:
+    `Torch not compiled with CUDA`) unless --fp16-no-flatten-grads keeps
+    that copy per parameter. Otherwise --fp16 and --memory-efficient-fp16
+    compute in float16 on the CPU too."""
     common = cfg.get("common")
     if common is None:
         return
     half = next((name for name in HALF_PRECISION if common.get(name)), None)
+    no_gpu = "--cpu asks for none" if common.get("cpu") else None if torch.cuda.is_available() else "torch sees none"
     if common.get("tpu"):
         if importlib.util.find_spec("torch_xla") is None:
             flag = _flag(half) if half in ("memory_efficient_bf16", "bf16") else "--tpu"
             raise FeedbackUsageError(f"{flag} computes on a TPU in fairseq (--bf16 implies --tpu), through torch_xla, "
                                      f"which is not installed: drop {flag} (on a GPU: --fp16 or --amp)")
-    elif half is not None and (common.get("cpu") or not torch.cuda.is_available()):
-        why = "--cpu asks for none" if common.get("cpu") else "torch sees none"
-        raise FeedbackUsageError(f"{_flag(half)} computes in half precision on a GPU, and {why}: drop {_flag(half)}")
+    elif no_gpu and common.get("amp"):
+        raise FeedbackUsageError(f"--amp autocasts to half precision on a GPU, and {no_gpu} (fairseq would compute "
+                                 "in float32): drop --amp, or use --fp16")
+    elif no_gpu and training and half == "fp16" and not common.get("fp16_no_flatten_grads"):
+        raise FeedbackUsageError(f"--fp16 training keeps its float32 weights flattened on a GPU, and {no_gpu}: add "
+                                 "--fp16-no-flatten-grads to train in float16 on the CPU, or drop --fp16")
 
 
 def check_ranges(options, ranges) -> None:

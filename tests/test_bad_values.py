@@ -226,16 +226,20 @@ CASES = {
                                          "{TRUNCATED} is truncated", stdin="s1 s2\n"),
     "interactive --path empty": Case("interactive", ["{TR}", "--path", "{EMPTY_FILE}", "--cpu"],
                                      "{EMPTY_FILE} is truncated", stdin="s1 s2\n"),
-    # half precision, which fairseq computes on a GPU only
-    **{f"lm {flag} --cpu": lm(flag, message=f"{flag} computes in half precision on a GPU, and --cpu asks for none: "
-                                            f"drop {flag}")
-       for flag in ("--fp16", "--memory-efficient-fp16", "--amp")},
+    # half precision where fairseq cannot compute it as asked
+    "lm --fp16 --cpu": lm("--fp16", message="--fp16 training keeps its float32 weights flattened on a GPU, and "
+                                            "--cpu asks for none: add --fp16-no-flatten-grads to train in float16 "
+                                            "on the CPU, or drop --fp16"),
+    **{f"{name} --amp --cpu": Case(tool, argv, "--amp autocasts to half precision on a GPU, and --cpu asks for none "
+                                               "(fairseq would compute in float32): drop --amp, or use --fp16",
+                                   stdin=stdin)
+       for name, tool, argv, stdin in (("lm", "train", [*LM_TRAIN, "--amp"], ""),
+                                       ("eval-lm", "eval_lm", [*EVAL_LM, "--amp"], ""),
+                                       ("generate", "generate", [*GENERATE, "--amp"], ""),
+                                       ("interactive", "interactive", [*GENERATE, "--amp"], "s1 s2\n"))},
     **{f"{name} --bf16": Case(tool, argv, "--bf16 computes on a TPU in fairseq (--bf16 implies --tpu), through "
                                           "torch_xla, which is not installed: drop --bf16 (on a GPU: --fp16 or --amp)")
        for name, tool, argv in (("lm", "train", [*LM_TRAIN, "--bf16"]), ("eval-lm", "eval_lm", [*EVAL_LM, "--bf16"]))},
-    "generate --fp16 --cpu": Case("generate", [*GENERATE, "--fp16"], "--fp16 computes in half precision on a GPU"),
-    "interactive --fp16 --cpu": Case("interactive", [*GENERATE, "--fp16"], "--fp16 computes in half precision",
-                                     stdin="s1 s2\n"),
     # binarized files cut short
     "eval-lm: test.bin cut short": Case(
         "eval_lm", ["{LM_CUT}", *EVAL_LM[1:]],
@@ -485,6 +489,17 @@ def test_a_continued_model_may_change_its_regularisation_and_how_it_is_computed(
         "--max-target-positions", "64", "--cuda-graphs", "off"])
     ok(proc)
     assert "Loaded checkpoint" in proc.stdout
+
+
+def test_the_half_precision_advice_works_on_the_cpu(files, tmp_path):
+    """--fp16 trains on the CPU with --fp16-no-flatten-grads, and fairseq-eval-lm scores in float16 there."""
+    train = in_process("train", [a.format(**files, OUT=tmp_path / "out") for a in LM_TRAIN] + [
+        "--fp16", "--fp16-no-flatten-grads"])
+    ok(train)
+    assert "loss_scale" in train.stdout + train.stderr
+    scored = in_process("eval_lm", [a.format(**files) for a in EVAL_LM] + ["--fp16"])
+    ok(scored)
+    assert "Perplexity" in scored.stdout + scored.stderr
 
 
 def test_the_head_dim_advice_works_for_the_language_model():
