@@ -5,17 +5,16 @@ CUDA graphs stay off in the process (said once in the log) and the loop
 runs eagerly, with the same numbers.
 
 Everything else the graphs use (torch.cuda.CUDAGraph, graph_pool_handle,
-torch.utils._python_dispatch's modes and stack) is present under the same
-names in every torch that `make test-torch` runs the core tests under
-(2.6 to 2.15).
+torch.utils._python_dispatch's modes and stack) has the same names in every
+torch the core tests ran under (docs/install.md: 2.6, 2.13, 2.15).
 """
 
 from typing import Callable, Optional
 
 import torch
 
-# torch._C's call that stops routing a device's allocations to a graph pool, by its names
-# from the newest torch back: torch 2.8 renamed it; 2.6 and 2.7 have only the second
+# torch._C's call that stops routing a device's allocations to a graph pool, by its names from
+# the newest torch back (renamed in torch 2.8: 2.6 has only the second, 2.13 and 2.15 the first)
 END_ALLOCATING_TO_POOL = ("_cuda_endAllocateToPool", "_cuda_endAllocateCurrentStreamToPool")
 
 
