@@ -4,9 +4,9 @@
 PYTHON ?= python3
 VENV ?= .venv
 TORCH ?= torch==2.13.0
-BIN := $(VENV)/bin
+BIN = $(VENV)/bin
 
-.PHONY: setup test demo bench cpu-tier clean
+.PHONY: setup test test-torch demo bench cpu-tier clean
 
 setup: $(VENV)/.installed
 
@@ -20,8 +20,29 @@ $(VENV)/.installed: setup.py
 # every test, on every core (pytest-xdist), one thread per worker; a test module stays on one
 # worker, which trains its fixtures once; tests/conftest.py starts the longest modules first;
 # tests/test_cpu_kernels.py runs the half-precision tests again under the CPU's other kernel sets
+PYTEST = OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n auto --dist loadscope --no-loadscope-reorder
 test: setup
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n auto --dist loadscope --no-loadscope-reorder tests
+	$(PYTEST) tests
+
+# The core tests (tests/conftest.py: CORE) under the torch TORCH names (e.g. TORCH=torch==2.6.0), in
+# an environment of its own, built afresh (.venv-torch-2.6.0; .venv stays as it is): that torch first,
+# then this package as docs/install.md installs it beside a torch, which must leave torch as it was.
+test-torch: VENV = .venv-$(subst ==,-,$(TORCH))
+test-torch: TORCH_VERSION = $(BIN)/python -c "import importlib.metadata as m; print(m.version('torch'))"
+test-torch:
+	rm -rf $(VENV)
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet "$(TORCH)"
+	$(TORCH_VERSION) > $(VENV)/torch-before
+	awk '/<!-- run by Makefile -->/ {found = 1; next} found && /^```/ {if (inside) exit; inside = 1; next} \
+	     inside' docs/install.md > $(VENV)/install-beside-torch.sh
+	@test -s $(VENV)/install-beside-torch.sh || { echo "make test-torch: no block to run in docs/install.md"; exit 1; }
+	PATH="$(abspath $(BIN)):$$PATH" bash -eu $(VENV)/install-beside-torch.sh
+	@$(TORCH_VERSION) | cmp -s - $(VENV)/torch-before && echo "torch $$(cat $(VENV)/torch-before) kept" || { \
+	    echo "make test-torch: installing this package replaced torch $$(cat $(VENV)/torch-before)" \
+	         "with $$($(TORCH_VERSION))"; exit 1; }
+	$(PYTEST) -m core tests
 
 demo: setup
 	$(BIN)/python -m fairseq_feedback_cli.demo --out demo

@@ -19,9 +19,11 @@ setup(
         # the official fairseq 0.12.2 does not import on Python >= 3.11; fairseq-fixed
         # is fairseq main with that fix, and imports as `fairseq`
         "fairseq-fixed==0.12.3.1",
-        # the versions the tests ran on: 2.13 (the whole suite, on the CPU) and 2.11 (on an
-        # H100); a failed CUDA-graph capture is recovered with Generator.graphsafe_set_state
-        "torch>=2.11",
+        # from 2.6 on (docs/install.md: the tested range, and how to install beside a torch); "a0": a
+        # build of 2.6 from source or a vendor's container calls itself 2.6.0a0+<commit>, which pip
+        # puts below 2.6. What an older torch lacks is looked up by name, not by version
+        # (fairseq_feedback/cuda_graphs/capabilities.py): CUDA graphs stay off, said in one line
+        "torch>=2.6.0a0",
         # numpy 2 too: what it removed and fairseq's data classes call, the plugin gives back (patches.py)
         "numpy",
         "sacrebleu>=2.0",

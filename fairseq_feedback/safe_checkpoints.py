@@ -53,18 +53,14 @@ def fairseq_checkpoint_globals():
 
 
 def allow_fairseq_checkpoints() -> None:
-    if hasattr(torch.serialization, "add_safe_globals"):  # torch >= 2.4
-        torch.serialization.add_safe_globals(fairseq_checkpoint_globals())
+    torch.serialization.add_safe_globals(fairseq_checkpoint_globals())
 
 
 @contextlib.contextmanager
 def fairseq_checkpoints_allowed():
     """They are allowed in this block, and the allowlist is then as it was
     (torch's own safe_globals context would take them out even where they
-    were allowed before). torch < 2.5 needs none of this."""
-    if not hasattr(torch.serialization, "get_safe_globals"):
-        yield
-        return
+    were allowed before)."""
     before = torch.serialization.get_safe_globals()
     torch.serialization.add_safe_globals(fairseq_checkpoint_globals())
     try:

@@ -14,6 +14,8 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped without one); on a GPU machine: -m gpu")
     config.addinivalue_line("markers", "half_precision: computes in 16-bit floats on the CPU; "
                                        "tests/test_cpu_kernels.py runs it again under each of the CPU's kernel sets")
+    config.addinivalue_line("markers", "core: a test of a module in CORE, which `make test-torch` runs under "
+                                       "another torch (-m core)")
     if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test`: one worker per core, one thread each
         torch.set_num_threads(1)
 
@@ -28,7 +30,20 @@ FIRST = ("test_recipes.py", "test_bad_values.py", "test_translation_cli.py", "te
          "test_reliability.py", "test_data_prep.py")
 
 
+# the core tests, run under each torch of the supported range (`make test-torch`, docs/install.md): the
+# models and their streaming task, the loop (fused against the reference), the graphs through the stand-in
+# and their cache, and fairseq's tools on them (checkpoints go through torch.load); not the recipes, the
+# data preparation or the other tools
+CORE = ("test_feedback_decoder.py", "test_feedback_lm.py", "test_memory_options.py", "test_builders.py",
+        "test_fused_loop.py", "test_loop_pieces.py", "test_block_weight_gradients.py",
+        "test_graphed_loop.py", "test_graphs_on_each_device.py", "test_cuda_graph_safety.py",
+        "test_translation_cli.py", "test_lm_cli.py")
+
+
 def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.path.name in CORE:
+            item.add_marker(pytest.mark.core)
     items.sort(key=lambda item: FIRST.index(item.path.name) if item.path.name in FIRST else len(FIRST))
 
 

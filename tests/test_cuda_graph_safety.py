@@ -15,6 +15,7 @@ import json
 import logging
 from copy import deepcopy
 import re
+import types
 import weakref
 from pathlib import Path
 
@@ -28,7 +29,8 @@ from fairseq_feedback.loop.graphed_loop import GraphedFeedbackLoop
 from fairseq_feedback.loop.fused_block import BlockFunction
 from fairseq_feedback.loop import block_weight_gradients
 from fairseq_feedback import cuda_graphs
-from fairseq_feedback.cuda_graphs import GraphCache, GraphedFunction, RecordedGraphBackend
+from fairseq_feedback.cuda_graphs import (CudaGraphBackend, GraphCache, GraphedFunction, RecordedGraphBackend,
+                                          capabilities, graph_cache)
 from fairseq_feedback.cuda_graphs.backends import SharedPool
 from fairseq_feedback.cuda_graphs.checks import (AFTER_ANOTHER_GRAPH, FIRST_REPLAY, FULLY_CHECKED, MAX_UNJUDGED,
                                                  NEW_INPUTS, EagerChecks)
@@ -197,7 +199,13 @@ def test_a_failed_capture_gives_up_every_cache_on_the_device(monkeypatch, caplog
     assert other("kept", lambda x: (x + 1,), [torch.zeros(1)])[0].item() == 1
 
 
-def test_a_device_that_cannot_recover_a_failed_capture_never_captures(monkeypatch, caplog):
+@pytest.fixture
+def nothing_said_yet(monkeypatch):
+    """What a torch lacks is said once in a process: as if no cache had said it before."""
+    monkeypatch.setattr(graph_cache, "_UNSUPPORTED_SAID", set())
+
+
+def test_a_device_that_cannot_recover_a_failed_capture_never_captures(monkeypatch, caplog, nothing_said_yet):
     monkeypatch.setattr(RecordedGraphBackend, "unsupported", lambda self: "this torch cannot (injected)")
     with caplog.at_level(logging.WARNING):
         cache = stand_in_cache()
@@ -205,6 +213,84 @@ def test_a_device_that_cannot_recover_a_failed_capture_never_captures(monkeypatc
     for _ in range(3):
         cache("key", lambda x: (x,), [torch.zeros(1)])
     assert cache.captured == 0
+
+
+# --- the torch at hand: what the CUDA backend needs of it, by name (cuda_graphs/capabilities.py) ----------
+
+def test_this_torch_has_every_call_the_cuda_backend_needs_under_one_of_its_names():
+    """Under each torch the core tests run under (make test-torch): 2.6's
+    allocator call has its old name, the newest torch's the new one."""
+    assert capabilities.end_allocating_to_pool() is not None
+    assert capabilities.cuda_graphs_unsupported(torch.default_generator) is None
+
+
+class RecordingGenerator:
+    def __init__(self):
+        self.states = []
+
+    def clone_state(self):
+        return "a fresh state"
+
+    def graphsafe_set_state(self, state):
+        self.states.append(state)
+
+
+def test_the_cuda_backend_recovers_from_a_failed_capture_through_the_allocator_call_by_2_6s_name(monkeypatch):
+    """CudaGraphBackend.recover, whose lines a CPU can run, under a torch
+    that calls the allocator's call by its name before 2.8."""
+    ended = []
+    new, old = capabilities.END_ALLOCATING_TO_POOL
+    monkeypatch.delattr(torch._C, new, raising=False)
+    monkeypatch.setattr(torch._C, old, lambda device, pool: ended.append((device, pool)), raising=False)
+    backend = object.__new__(CudaGraphBackend)  # without its __init__, which needs a GPU
+    backend.device, backend.pool, backend.generator = torch.device("cuda", 0), (0, 1), RecordingGenerator()
+    assert backend.unsupported() is None
+    backend.recover()
+    assert ended == [(0, (0, 1))] and backend.generator.states == ["a fresh state"]
+
+
+class GeneratorWithoutGraphSafeState:
+    """A generator that cannot be given a fresh state during a capture's recovery."""
+
+
+# what the CUDA backend needs of torch._C, by every name a torch gives it
+TORCH_C_NAMES = {"torch._C._cuda_endAllocateToPool": capabilities.END_ALLOCATING_TO_POOL,
+                 "torch._C._cuda_releasePool": ("_cuda_releasePool",)}
+
+
+def lacking(monkeypatch, what: str):
+    """This torch as one that lacks `what`; the generator the CUDA backend would probe."""
+    if what == "Generator.graphsafe_set_state":
+        return GeneratorWithoutGraphSafeState()
+    for name in TORCH_C_NAMES[what]:
+        monkeypatch.delattr(torch._C, name, raising=False)
+    return torch.default_generator
+
+
+@pytest.mark.parametrize("what", ["Generator.graphsafe_set_state", *TORCH_C_NAMES])
+def test_a_torch_that_lacks_a_call_the_cuda_backend_needs_runs_eagerly_said_once(what, monkeypatch, caplog,
+                                                                                  nothing_said_yet):
+    """The stand-in asks what the CUDA backend asks: two models (a cache
+    each) train with graphs off from their first call, and give the eager
+    numbers; one line in the log names what is missing."""
+    generator = lacking(monkeypatch, what)
+    monkeypatch.setattr(RecordedGraphBackend, "unsupported", lambda self: CudaGraphBackend.unsupported(
+        types.SimpleNamespace(generator=generator)))
+    for seed in (0, 1):
+        model, d = tiny_translation_model("--memory-span", "4", "--dropout", "0", layers=3, seed=seed)
+        batches = translation_batches(d)
+        model.decoder.use_cuda_graphs("off")
+        eager = training_results(model, batches)
+        model.decoder.use_cuda_graphs("emulate")
+        with caplog.at_level(logging.WARNING):
+            graphed = training_results(model, batches)
+        for got, expected in zip(graphed, eager):
+            assert_same_loss_and_gradients(got, expected)
+        assert model.decoder.graphed.cache.captured == 0 and model.decoder.graphed.cache.statistics.calls == 0
+    (warning,) = warnings_of(caplog)
+    assert re.fullmatch(rf"feedback loop: CUDA graph: torch \S+ lacks {re.escape(what)}, which recovering from a "
+                        r"failed capture needs; CUDA graphs stay off in this process; running eagerly from now on",
+                        warning), warning
 
 
 def test_graphs_that_share_a_pool_overwrite_each_others_outputs_as_they_replay():

@@ -45,6 +45,8 @@ import torch
 from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode, _len_torch_dispatch_stack, _pop_mode, _push_mode
 
+from .capabilities import cuda_graphs_unsupported, end_allocating_to_pool
+
 Outputs = Tuple[Optional[Tensor], ...]
 CapturedFunction = Callable[[], Sequence[Optional[Tensor]]]
 
@@ -105,10 +107,7 @@ class CudaGraphBackend(GraphBackend):
         self.stream = torch.cuda.Stream(self.device)  # captures may not run on the default stream
 
     def unsupported(self) -> Optional[str]:  # CUDA only
-        if not hasattr(self.generator, "graphsafe_set_state"):
-            return (f"torch {torch.__version__} cannot give CUDA's random generator back after a failed capture "
-                    "(it has no Generator.graphsafe_set_state); CUDA graphs stay off in this process")
-        return None
+        return cuda_graphs_unsupported(self.generator)
 
     def capture_graph(self, fn: CapturedFunction, owner) -> Tuple[torch.cuda.CUDAGraph, Outputs]:  # CUDA only
         graph = torch.cuda.CUDAGraph()
@@ -129,7 +128,7 @@ class CudaGraphBackend(GraphBackend):
         # every random operator raises "Offset increment outside graph capture".
         # Graphs captured before drew from the old state: the cache gives them up.
         with contextlib.suppress(RuntimeError):  # a torch whose capture_end did it itself
-            torch._C._cuda_endAllocateToPool(self.device.index, self.pool)
+            end_allocating_to_pool()(self.device.index, self.pool)
         self.generator.graphsafe_set_state(self.generator.clone_state())
 
     def release(self, graph: torch.cuda.CUDAGraph) -> None:  # CUDA only

@@ -21,7 +21,7 @@ import gc
 import logging
 import weakref
 from collections import OrderedDict
-from typing import Hashable, List, Optional, Sequence
+from typing import Hashable, List, Optional, Sequence, Set
 
 from torch import Tensor
 
@@ -35,6 +35,7 @@ from .statistics import CacheStatistics
 logger = logging.getLogger(__name__)
 
 _CACHES: "weakref.WeakSet[GraphCache]" = weakref.WeakSet()  # every cache, for a device's failed capture
+_UNSUPPORTED_SAID: Set[str] = set()  # what a torch lacks is said once in the process, not by every cache
 
 
 def _log_last_line(statistics: CacheStatistics) -> None:
@@ -58,14 +59,15 @@ class GraphCache:
         self.ledger = PoolLedger()
         self.statistics = CacheStatistics()
         self.captured = 0
-        self.failed: Optional[str] = None  # why every call now runs eagerly
+        # why every call now runs eagerly; from the start where this torch lacks what the device's graphs need
+        self.failed: Optional[str] = backend.unsupported()
         _CACHES.add(self)
         # the last line when the cache goes, or at the program's end (fairseq-train's
         # last validation is followed by no call that could log it)
         weakref.finalize(self, _log_last_line, self.statistics)
-        unsupported = backend.unsupported()
-        if unsupported:
-            self.fail("", GraphFailure(unsupported))
+        if self.failed is not None:
+            self._say_failed("", logging.DEBUG if self.failed in _UNSUPPORTED_SAID else logging.WARNING)
+            _UNSUPPORTED_SAID.add(self.failed)
 
     def __call__(self, key: Hashable, fn, inputs: Sequence[Optional[Tensor]], params: Sequence[Tensor] = (),
                  state: Sequence[Tensor] = (), shape: str = ""):
@@ -146,13 +148,16 @@ class GraphCache:
         if self.failed is not None:
             return
         self.failed = str(failure)
-        where = f" for {shape}" if shape else ""
-        logger.log(level, f"{self.name}: CUDA graph{where}: {failure}; running eagerly from now on")
+        self._say_failed(shape, level)
         for graphed in self.graphs.values():
             graphed.release()
         self.graphs.clear()
         self.last = None
         self.backend.release_pool()
+
+    def _say_failed(self, shape: str, level: int) -> None:
+        where = f" for {shape}" if shape else ""
+        logger.log(level, f"{self.name}: CUDA graph{where}: {self.failed}; running eagerly from now on")
 
     def _device_reset(self, shape: str, failure: GraphFailure) -> None:
         """A capture failed: the device's random generator was given a fresh
