@@ -26,7 +26,9 @@ test: setup
 
 # The core tests (tests/conftest.py: CORE) under the torch TORCH names (e.g. TORCH=torch==2.6.0), in
 # an environment of its own, built afresh (.venv-torch-2.6.0; .venv stays as it is): that torch first,
-# then this package as docs/install.md installs it beside a torch, which must leave torch as it was.
+# then this package as README.md and docs/install.md install it beside a torch (the block under
+# "<!-- run by Makefile -->", the same on both pages), which must leave torch as it was.
+INSTALL_BLOCK = awk '/<!-- run by Makefile -->/ {found = 1; next} found && /^```/ {if (inside) exit; inside = 1; next} inside'
 test-torch: VENV = .venv-$(subst ==,-,$(TORCH))
 test-torch: TORCH_VERSION = $(BIN)/python -c "import importlib.metadata as m; print(m.version('torch'))"
 test-torch:
@@ -35,9 +37,10 @@ test-torch:
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet "$(TORCH)"
 	$(TORCH_VERSION) > $(VENV)/torch-before
-	awk '/<!-- run by Makefile -->/ {found = 1; next} found && /^```/ {if (inside) exit; inside = 1; next} \
-	     inside' docs/install.md > $(VENV)/install-beside-torch.sh
-	@test -s $(VENV)/install-beside-torch.sh || { echo "make test-torch: no block to run in docs/install.md"; exit 1; }
+	$(INSTALL_BLOCK) README.md > $(VENV)/install-beside-torch.sh
+	@$(INSTALL_BLOCK) docs/install.md | cmp -s - $(VENV)/install-beside-torch.sh || { \
+	    echo "make test-torch: README.md and docs/install.md install beside a torch differently"; exit 1; }
+	@test -s $(VENV)/install-beside-torch.sh || { echo "make test-torch: no block to run in README.md"; exit 1; }
 	PATH="$(abspath $(BIN)):$$PATH" bash -eu $(VENV)/install-beside-torch.sh
 	@$(TORCH_VERSION) | cmp -s - $(VENV)/torch-before && echo "torch $$(cat $(VENV)/torch-before) kept" || { \
 	    echo "make test-torch: installing this package replaced torch $$(cat $(VENV)/torch-before)" \

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from conftest import CORE
 from packaging.requirements import Requirement
+from test_docs import fenced_blocks
 
 ROOT = Path(__file__).parent.parent
 
@@ -35,3 +36,10 @@ def test_the_install_page_states_the_range_setup_py_declares():
 
 def test_the_core_set_names_test_modules_that_exist():
     assert all((ROOT / "tests" / name).is_file() for name in CORE)
+
+
+def test_the_readme_and_the_install_page_install_beside_a_torch_alike():
+    """`make test-torch` runs the README's block and refuses to run if this page's differs."""
+    beside = [[b.text for b in fenced_blocks(page) if b.marker == "run by Makefile"]
+              for page in (ROOT / "README.md", ROOT / "docs" / "install.md")]
+    assert beside[0] and beside[0] == beside[1]
