@@ -1,14 +1,15 @@
-"""feedback-gpu-check: the CUDA-graph path checked and measured on a GPU within --minutes, its
-steps in the order that gets a short lease the most important answers first, each step's
-figures into one report. What it runs and how it ends: cli.py's docstring (its --help); how
-to read the report: docs/gpu-check.md.
+"""feedback-gpu-check: the CUDA-graph path checked and measured on a GPU in one command, within
+--minutes: the GPU tests, fairseq-train with graphs and without, the benchmark and fairseq-eval-lm,
+two ranks against one, in that order (the most important answers first), into one report. Its
+--help (cli.py's docstring) says what each step runs and what the exit status means;
+docs/gpu-check.md, how to read the report.
 
     cli.py            main: the options; STEPS, each with its estimate; each step run, or skipped
       |               for time; the report's folder, which appears whole; the exit status
-      +-- check.py        Check: one run's options, folder, deadline and records, and its
-      |                   report (report.md, report.json); Step; what a step finds (Outcome) or
-      |                   why it failed (StepFailed, OutOfTime); Command, a module run as a
-      |                   child process and stopped at the deadline
+      +-- check.py        Check: one run's options, folder, deadline and records; Step; what a
+      |                   step finds (Outcome) or why it failed (StepFailed, OutOfTime); Command,
+      |                   a module run as a child process and stopped at the deadline
+      +-- report.py       report.md and report.json as the run stands, rewritten at each step
       +-- machine.py      describe_machine: the card(s) (nvidia-smi), driver, torch, CUDA, commit
       +-- sizes.py        the sizes each step runs at (--size full or tiny); the losses' tolerance
       |

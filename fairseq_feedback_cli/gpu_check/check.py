@@ -3,7 +3,6 @@ finds (Outcome) or why it failed (StepFailed, OutOfTime), and the commands a ste
 processes (Command), stopped at the deadline."""
 
 import datetime
-import json
 import os
 import re
 import shlex
@@ -14,7 +13,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional
 
-from ..outputs import atomic_file
 from .sizes import LOSS_TOLERANCE, SIZES
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -204,56 +202,6 @@ class Check:
         self.records.append(self.record)
         return self.record
 
-    # --- the report ----------------------------------------------------------------------------------
-
     def exit_status(self) -> int:
         statuses = {record["status"] for record in self.records}
         return 1 if statuses & {FAILED, INTERRUPTED} else 2 if statuses & {SKIPPED, STOPPED} else 0
-
-    def write_report(self) -> None:
-        """report.md and report.json as the run stands, each replaced whole."""
-        seconds = time.monotonic() - self.started
-        steps = [{k: v for k, v in record.items() if k != "markdown"} for record in self.records]
-        with atomic_file(self.path("report.json")) as f:
-            json.dump({"status": self.status, "exit status": None if self.status == "running" else self.exit_status(),
-                       "date": self.date, "command": self.command, "options": vars(self.args),
-                       "seconds": round(seconds, 1), "machine": self.machine, "steps": steps}, f, indent=1)
-        with atomic_file(self.path("report.md")) as f:
-            f.write(self.markdown(seconds))
-
-    def headline(self) -> str:
-        if self.status == "running":
-            return (f"RUNNING (step {self.record['step'] if self.record else '-'}; this report is rewritten after "
-                    "each step, and says it is finished when it is)")
-        failed = [record["step"] for record in self.records if record["status"] in (FAILED, INTERRUPTED)]
-        return self.status.upper() + (f": {', '.join(failed)}" if failed else "")
-
-    def markdown(self, seconds: float) -> str:
-        lines = [f"# feedback-gpu-check: {self.headline()}", "",
-                 f"{self.date}, `{shlex.join(self.command)}`: {seconds / 60:.1f} of {self.args.minutes:g} minutes "
-                 f"on {self.machine['device']}; sizes {self.args.size}, graphs `--cuda-graphs {self.graphs}`.", "",
-                 "## Machine", "", "| | |", "|---|---|",
-                 *[f"| {key} | {value} |" for key, value in self.machine.items() if key != "gpus"], "",
-                 "## Steps", "", "| step | what | status | seconds (estimate) | result |", "|---|---|---|---:|---|"]
-        for record in self.records:
-            took = "" if record["seconds"] is None else f"{record['seconds']:.0f}"
-            lines.append(f"| {record['step']} | {record['title']} | {record['status']} | "
-                         f"{took} ({record['estimate seconds']:.0f}) | {record['summary']} |")
-        part = None
-        for record in self.records:
-            heading = f"{record['step']}. {record['title']}: {record['status']}"
-            if record["step"] == str(record["part"]):  # a part of one step
-                lines += ["", f"## {heading}"]
-            else:
-                if record["part"] != part:
-                    lines += ["", f"## {record['part']}. {PARTS[record['part']]}"]
-                lines += ["", f"### {heading}"]
-            part = record["part"]
-            lines += ["", record["summary"], "", *record["markdown"]]
-            if record["commands"]:
-                lines += ["", "Commands (their output: " + ", ".join(f"`{log}`" for log in record["logs"]) + "):", "",
-                          *[f"    {command}" for command in record["commands"]]]
-        return "\n".join(lines) + "\n"
-
-
-PARTS = {1: "The GPU tests", 2: "Training with and without graphs", 3: "The benchmark", 4: "Two ranks"}

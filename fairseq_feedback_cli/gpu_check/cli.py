@@ -40,6 +40,7 @@ from ..outputs import atomic_folder
 from .check import FAILED, INTERRUPTED, NOT_RUN, PASSED, SKIPPED, STOPPED, Check, OutOfTime, Step, StepFailed
 from .gpu_tests import gpu_tests
 from .machine import describe_machine
+from .report import write_report
 from .sizes import LOSS_TOLERANCE, SIZES
 from .speed import benchmark, eval_lm
 from .training import training_comparison
@@ -70,7 +71,7 @@ def run_step(check: Check, step: Step) -> None:
                                               f"left of --minutes {check.args.minutes:g}")
     else:
         print(f"[{step.key}] {step.title} (about {estimate:.0f} s; {check.left() / 60:.1f} min left) ...", flush=True)
-        check.write_report()
+        write_report(check)
         started = time.monotonic()
         try:
             outcome = step.run(check)
@@ -90,7 +91,7 @@ def run_step(check: Check, step: Step) -> None:
             record["seconds"] = round(time.monotonic() - started, 1)
     took = "" if record["status"] in (NOT_RUN, SKIPPED) else f" in {record['seconds']:.0f} s"
     print(f"[{step.key}] {record['status']}{took}: {record['summary']}", flush=True)
-    check.write_report()
+    write_report(check)
 
 
 def check_replaceable(out) -> None:
@@ -173,7 +174,7 @@ def run_all(args, out: str, machine: dict, command: List[str]) -> None:
             for step in STEPS[len(check.records):]:
                 check.begin(step).update(status=NOT_RUN, summary="not run: the check was interrupted")
             check.status = "interrupted"
-        check.write_report()
+        write_report(check)
     minutes = (time.monotonic() - check.started) / 60
     report = os.path.join(out, "report.md")
     if check.status == "interrupted":
