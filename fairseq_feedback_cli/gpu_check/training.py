@@ -86,8 +86,8 @@ def training_comparison(check: Check) -> Outcome:
     figures, failures, rows = {}, [], []
     for precision in LOSS_TOLERANCE:
         graphed, eager = (read(check.path("logs", runs[precision, graphs].log)) for graphs in (check.graphs, "off"))
-        figures[precision], found = compare_training(graphed, eager, check.tolerance(precision))
-        failures += [f"{precision}: {failure}" for failure in found]
+        figures[precision], wrong = compare_training(graphed, eager, check.tolerance(precision))
+        failures += [f"{precision}: {failure}" for failure in wrong]
         found = figures[precision]
         losses, parted = found["losses (bits/token)"], found["loss scalers parted at"]
         last = [[point for point in losses["graphs"] if point.startswith(kind)][-1]
