@@ -42,7 +42,7 @@ setup(
             "feedback-average-checkpoints = fairseq_feedback_cli.average_checkpoints:main",
             "feedback-score = fairseq_feedback_cli.score:main",
             "feedback-evaluate-toy = fairseq_feedback_cli.evaluate_toy:cli",
-            "feedback-gpu-check = fairseq_feedback_cli.gpu_check:main",
+            "feedback-gpu-check = fairseq_feedback_cli.gpu_check.cli:main",
         ],
     },
 )

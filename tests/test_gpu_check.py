@@ -20,7 +20,16 @@ import torch
 import recipe_shims
 from helpers import ENV, run_module
 
-from fairseq_feedback_cli import gpu_check
+from fairseq_feedback_cli.gpu_check import cli
+from fairseq_feedback_cli.gpu_check.check import NOT_MEASURED, REPO, Command, Outcome, Step, StepFailed
+from fairseq_feedback_cli.gpu_check.gpu_tests import checkout_tests, gpu_tests
+from fairseq_feedback_cli.gpu_check.machine import nvidia_smi_gpus
+from fairseq_feedback_cli.gpu_check.sizes import LOSS_TOLERANCE
+from fairseq_feedback_cli.gpu_check.training import compare_training
+
+# what the tests replace, where the check reads it
+LAUNCHER = "fairseq_feedback_cli.gpu_check.check.launcher"
+CHECKOUT_TESTS = "fairseq_feedback_cli.gpu_check.gpu_tests.checkout_tests"
 
 PROBE_TESTS = '''
 import pytest
@@ -43,7 +52,7 @@ def test_not_a_gpu_test():
 
 
 def via_the_server(shims):
-    """gpu_check.launcher with fairseq's tools and feedback-benchmark as the recipes' stand-ins in `shims`."""
+    """The check's launcher with fairseq's tools and feedback-benchmark as the recipes' stand-ins in `shims`."""
     names = {module: name for name, module in recipe_shims.FAIRSEQ.items()}
     names["fairseq_feedback_cli.benchmark"] = "feedback-benchmark"
     return lambda module: [os.path.join(shims, names[module])] if module in names else [sys.executable, "-m", module]
@@ -65,9 +74,9 @@ def checked(tmp_path_factory):
     server = str(root / "server.sock")
     with recipe_shims.server(server, ENV, root / "server.log"), \
             mock.patch.dict(os.environ, RECIPE_SERVER=server), \
-            mock.patch.object(gpu_check, "launcher", via_the_server(str(root / "bin"))), \
-            mock.patch.object(gpu_check, "checkout_tests", lambda: probe_tests(root)):
-        proc = run_module("fairseq_feedback_cli.gpu_check", "--device", "cpu", "--cuda-graphs", "emulate",
+            mock.patch(LAUNCHER, via_the_server(str(root / "bin"))), \
+            mock.patch(CHECKOUT_TESTS, lambda: probe_tests(root)):
+        proc = run_module("fairseq_feedback_cli.gpu_check.cli", "--device", "cpu", "--cuda-graphs", "emulate",
                           "--updates", 4, "--out", root / "out", check=False)
     assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-3000:]
     out = root / "out"
@@ -76,14 +85,14 @@ def checked(tmp_path_factory):
 
 def test_the_whole_sequence_runs_on_the_cpu_in_order_with_a_line_per_step(checked):
     stdout, report, _, out = checked
-    keys = [step.key for step in gpu_check.STEPS]
+    keys = [step.key for step in cli.STEPS]
     assert [record["step"] for record in report["steps"]] == keys == ["1", "2", "3a", "3b", "3c", "4"]
     assert all(record["status"] == "passed" for record in report["steps"]), report["steps"]
     finished = re.findall(r"^\[(\w+)\] passed in \d+ s: ", stdout, re.M)
     assert finished == keys
     assert stdout.rstrip().splitlines()[-1].startswith("feedback-gpu-check: passed in ")
     assert report["status"] == "passed" and report["exit status"] == 0
-    assert not os.path.exists(f"{out}.tmp") and os.path.exists(out / gpu_check.MARKER)
+    assert not os.path.exists(f"{out}.tmp") and os.path.exists(out / cli.MARKER)
     for record in report["steps"]:  # each command's output kept, each command shown at the final folder's paths
         assert record["logs"] and all((out / log).is_file() for log in record["logs"])
         assert not any(".tmp" in command for command in record["commands"])
@@ -102,7 +111,7 @@ def test_training_with_graphs_gives_the_losses_of_training_without(checked):
     for precision in ("fp32", "fp16"):
         figures = record["figures"][precision]
         assert figures["graphs captured"] > 0 and figures["loss scalers parted at"] is None
-        assert figures["largest loss difference (bits/token)"] <= gpu_check.LOSS_TOLERANCE[precision]
+        assert figures["largest loss difference (bits/token)"] <= LOSS_TOLERANCE[precision]
         graphs, eager = figures["losses (bits/token)"].values()
         assert list(graphs) == list(eager) == ["update 1", "update 2", "update 3", "update 4", "validation 1"]
         assert figures["points compared"] == 5
@@ -118,9 +127,9 @@ def test_the_benchmark_compares_graphs_eager_and_fairseq_and_says_what_the_cpu_c
         for rate in ("train tok/s", "first 4 tok/s"):
             assert all(value > 0 for value in table["figures"][rate].values())
         assert table["figures"]["capture s/shape"][feedback] > 0
-        assert table[gpu_check.NOT_MEASURED] == ["peak train MB", "peak beam MB" if fairseq == "transformer"
-                                                 else "peak sample MB"]
-    assert f"| {gpu_check.NOT_MEASURED} |" in markdown  # peak memory, in the benchmark's tables
+        assert table[NOT_MEASURED] == ["peak train MB", "peak beam MB" if fairseq == "transformer"
+                                       else "peak sample MB"]
+    assert f"| {NOT_MEASURED} |" in markdown  # peak memory, in the benchmark's tables
     eval_lm = report["steps"][4]["figures"]
     assert set(eval_lm["tokens/s"]) == {"feedback_lm", "feedback_lm (eager)", "transformer_lm"}
     assert eval_lm["graphs captured"] > 0
@@ -131,8 +140,8 @@ def test_two_ranks_with_graphs_equal_one_rank_with_twice_the_batch(checked):
     figures = report["steps"][5]["figures"]
     assert figures["backend"] == "gloo" and figures["largest parameter difference"] <= 1e-5
     assert all(figures["graphs captured (one rank, rank 0 of two)"])
-    assert figures["NCCL"].startswith(gpu_check.NOT_MEASURED)
-    assert f"| NCCL | {gpu_check.NOT_MEASURED} (gloo on the CPU) |" in markdown
+    assert figures["NCCL"].startswith(NOT_MEASURED)
+    assert f"| NCCL | {NOT_MEASURED} (gloo on the CPU) |" in markdown
 
 
 def test_the_report_names_the_machine_and_every_figure_its_machine(checked):
@@ -148,7 +157,7 @@ def test_the_report_names_the_machine_and_every_figure_its_machine(checked):
 def test_the_commands_of_docs_gpu_check_md_are_the_ones_run_here(checked):
     """The page's CPU command is the run above (its --updates and --out apart); its GPU command, a template."""
     _, report, _, _ = checked
-    page = open(os.path.join(gpu_check.REPO, "docs/gpu-check.md")).read()
+    page = open(os.path.join(REPO, "docs/gpu-check.md")).read()
     blocks = re.findall(r"<!-- (.*?) -->\n```bash\n(.*?)```", page, flags=re.S)
     assert blocks == [("template: needs a CUDA GPU", "feedback-gpu-check --out gpu-check\n"),
                       ("run by tests/test_gpu_check.py", "feedback-gpu-check --device cpu --cuda-graphs emulate\n")]
@@ -159,16 +168,16 @@ def test_the_commands_of_docs_gpu_check_md_are_the_ones_run_here(checked):
 
 
 def step(key, run, estimate=0):
-    return gpu_check.Step(key, f"step {key}", {"tiny": estimate, "full": estimate}, run)
+    return Step(key, f"step {key}", {"tiny": estimate, "full": estimate}, run)
 
 
 def passes(check):
-    return gpu_check.Outcome("fine", {"figure": 1.0}, [f"On {check.machine['device']}: fine."])
+    return Outcome("fine", {"figure": 1.0}, [f"On {check.machine['device']}: fine."])
 
 
 def check_with(steps, tmp_path, *args):
-    with mock.patch.object(gpu_check, "STEPS", steps):
-        return run_module("fairseq_feedback_cli.gpu_check", "--device", "cpu", "--out", tmp_path / "out", *args,
+    with mock.patch.object(cli, "STEPS", steps):
+        return run_module("fairseq_feedback_cli.gpu_check.cli", "--device", "cpu", "--out", tmp_path / "out", *args,
                           check=False)
 
 
@@ -178,7 +187,7 @@ def report_of(tmp_path):
 
 def test_a_failing_step_makes_the_exit_non_zero_and_names_it_and_the_later_steps_still_run(tmp_path):
     def losses_apart(check):
-        raise gpu_check.StepFailed("fp16: the losses with and without graphs differ by 0.412 at update 120")
+        raise StepFailed("fp16: the losses with and without graphs differ by 0.412 at update 120")
 
     proc = check_with([step("1", passes), step("2", losses_apart), step("3a", passes)], tmp_path)
     assert proc.returncode == 1
@@ -202,10 +211,10 @@ def test_a_step_that_raises_is_a_failure_with_its_traceback_kept(tmp_path):
 
 def test_a_command_that_fails_fails_its_step_with_its_error_line_and_parts_not_asked_for_are_not_run(tmp_path):
     def runs_a_command(check):
-        check.run(gpu_check.Command("fairseq_cli.train", ["data-bin"], "train.log"))
+        check.run(Command("fairseq_cli.train", ["data-bin"], "train.log"))
 
     fails = [sys.executable, "-c", "import sys; print('warming up'); print('error: the GPU caught fire'); sys.exit(3)"]
-    with mock.patch.object(gpu_check, "launcher", lambda module: fails):
+    with mock.patch(LAUNCHER, lambda module: fails):
         proc = check_with([step("1", passes), step("2", runs_a_command)], tmp_path, "--parts", "2,3")
     assert proc.returncode == 1
     assert "(step 2: fairseq-train failed (exit 3): error: the GPU caught fire (logs/train.log))" in proc.stderr
@@ -218,12 +227,12 @@ def test_a_failing_gpu_test_fails_step_1_and_names_the_test(tmp_path):
     tests = probe_tests(tmp_path)
     with open(os.path.join(tests, "test_probe.py"), "a") as f:
         f.write("\n\n@pytest.mark.gpu\ndef test_a_graph_on_the_gpu():\n    assert False, 'replayed stale weights'\n")
-    with mock.patch.object(gpu_check, "checkout_tests", lambda: tests):
-        proc = check_with([step("1", gpu_check.gpu_tests)], tmp_path)
+    with mock.patch(CHECKOUT_TESTS, lambda: tests):
+        proc = check_with([step("1", gpu_tests)], tmp_path)
     assert proc.returncode == 1
     assert ("step 1 (step 1: pytest exit 1: 1 failed, 1 passed, 1 skipped, 1 deselected; failed: "
             "tests/test_probe.py::test_a_graph_on_the_gpu)") in proc.stderr
-    assert gpu_check.checkout_tests() == os.path.join(gpu_check.REPO, "tests")  # from this checkout: its own
+    assert checkout_tests() == os.path.join(REPO, "tests")  # from this checkout: its own
 
 
 def test_a_loss_mismatch_or_graphs_that_did_not_run_fail_the_training_comparison():
@@ -235,25 +244,25 @@ def test_a_loss_mismatch_or_graphs_that_did_not_run_fail_the_training_comparison
             for i, loss in enumerate(losses, 1)) + 'x | INFO | valid | {"epoch": 1, "valid_loss": "4.000"}\n'
 
     captured = "feedback loop: captured graph 1 for 8 rows\n"
-    figures, failures = gpu_check.compare_training(log(6.0, 5.0, graphs=captured), log(6.0, 5.004), 0.01)
+    figures, failures = compare_training(log(6.0, 5.0, graphs=captured), log(6.0, 5.004), 0.01)
     assert not failures and figures["largest loss difference (bits/token)"] == pytest.approx(0.004)
-    _, failures = gpu_check.compare_training(log(6.0, 5.0, graphs=captured), log(6.0, 5.004), 0.001)
+    _, failures = compare_training(log(6.0, 5.0, graphs=captured), log(6.0, 5.004), 0.001)
     assert failures == ["the losses with and without graphs differ by 0.004 at update 20 (graphs 5.000, eager "
                         "5.004), more than the tolerance 0.001"]
     gave_up = "feedback loop: CUDA graph: no graphsafe_set_state; running eagerly from now on\n"
-    _, failures = gpu_check.compare_training(log(6.0, 5.0, graphs=gave_up), log(6.0, 5.0, graphs=captured), 0.01)
+    _, failures = compare_training(log(6.0, 5.0, graphs=gave_up), log(6.0, 5.0, graphs=captured), 0.01)
     assert failures == [f"the graphs gave up, so both runs were eager: {gave_up.strip()}",
                         "--cuda-graphs off captured graphs"]
-    _, failures = gpu_check.compare_training(log(6.0, 5.0), log(6.0, 5.0), 0.01)
+    _, failures = compare_training(log(6.0, 5.0), log(6.0, 5.0), 0.01)
     assert failures == ["no graph was captured"]
-    with pytest.raises(gpu_check.StepFailed, match="^the runs with and without graphs logged different losses"):
-        gpu_check.compare_training(log(6.0, 5.0, graphs=captured), log(6.0), 0.01)
+    with pytest.raises(StepFailed, match="^the runs with and without graphs logged different losses"):
+        compare_training(log(6.0, 5.0, graphs=captured), log(6.0), 0.01)
     # fp16: one run alone skipped an update before update 30 (its loss scale halved): compared up to there
-    figures, failures = gpu_check.compare_training(log(6.0, 5.0, 4.5, graphs=captured, scales=(128, 128, 128)),
-                                                   log(6.0, 5.0, 4.9, scales=(128, 128, 64)), 0.01)
+    figures, failures = compare_training(log(6.0, 5.0, 4.5, graphs=captured, scales=(128, 128, 128)),
+                                         log(6.0, 5.0, 4.9, scales=(128, 128, 64)), 0.01)
     assert not failures and (figures["loss scalers parted at"], figures["points compared"]) == ("update 30", 2)
-    with pytest.raises(gpu_check.StepFailed, match="^the loss scalers parted at update 10, before a loss could"):
-        gpu_check.compare_training(log(6.0, graphs=captured, scales=(128,)), log(6.0, scales=(64,)), 0.01)
+    with pytest.raises(StepFailed, match="^the loss scalers parted at update 10, before a loss could"):
+        compare_training(log(6.0, graphs=captured, scales=(128,)), log(6.0, scales=(64,)), 0.01)
 
 
 def test_a_step_that_would_not_fit_is_skipped_for_time_and_said_so(tmp_path):
@@ -267,9 +276,9 @@ def test_a_step_that_would_not_fit_is_skipped_for_time_and_said_so(tmp_path):
 
 def test_a_step_still_running_at_the_deadline_is_stopped(tmp_path):
     def sleeps(check):
-        check.run(gpu_check.Command("sleep", [], "sleep.log"))
+        check.run(Command("sleep", [], "sleep.log"))
 
-    with mock.patch.object(gpu_check, "launcher", lambda module: ["sleep", "30"]):
+    with mock.patch(LAUNCHER, lambda module: ["sleep", "30"]):
         proc = check_with([step("1", sleeps), step("2", passes, estimate=1)], tmp_path, "--minutes", "0.02")
     assert proc.returncode == 2
     assert [(r["status"], r["seconds"] < 10) for r in report_of(tmp_path)["steps"][:1]] == [("stopped for time", True)]
@@ -277,8 +286,8 @@ def test_a_step_still_running_at_the_deadline_is_stopped(tmp_path):
 
 
 def test_away_from_a_checkout_the_tests_are_said_not_there_and_the_check_goes_on(tmp_path):
-    with mock.patch.object(gpu_check, "checkout_tests", lambda: None):
-        proc = check_with([step("1", gpu_check.gpu_tests), step("2", passes)], tmp_path)
+    with mock.patch(CHECKOUT_TESTS, lambda: None):
+        proc = check_with([step("1", gpu_tests), step("2", passes)], tmp_path)
     assert proc.returncode == 0 and "[1] not run: the tests are not there" in proc.stdout
     assert "passed 2; not run: 1;" in proc.stdout.splitlines()[-1]
 
@@ -322,14 +331,14 @@ def test_a_folder_that_is_not_a_checks_is_never_replaced_and_bad_options_are_one
             (["--device", "cpu", "--parts", "2,5"], "argument --parts: the parts are 1, 2, 3 and 4, as in 1,2,3,4; "
                                                     "got '2,5' (see --help)"),
             (["--device", "cpu", "--minutes", "0"], "--minutes must be above 0 and --tolerance 0 or above")):
-        proc = run_module("fairseq_feedback_cli.gpu_check", *args, check=False)
+        proc = run_module("fairseq_feedback_cli.gpu_check.cli", *args, check=False)
         assert proc.returncode == 1 and proc.stderr == f"error: {error}\n", proc.stderr
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without a GPU")
 def test_without_a_gpu_it_says_so_at_once_and_names_the_cpu_run():
     """The usual cause: a CPU build of torch."""
-    proc = run_module("fairseq_feedback_cli.gpu_check", check=False)
+    proc = run_module("fairseq_feedback_cli.gpu_check.cli", check=False)
     assert proc.returncode == 1 and proc.stderr == (
         f"error: no CUDA GPU is visible to torch {torch.__version__} (CUDA build: {torch.version.cuda}): install a "
         "CUDA build of torch, or pass --device cpu for the tiny run on the CPU\n")
@@ -337,5 +346,5 @@ def test_without_a_gpu_it_says_so_at_once_and_names_the_cpu_run():
 
 def test_the_gpus_are_read_from_nvidia_smi():
     text = 2 * "NVIDIA H100 80GB HBM3, 550.54.15, 81559 MiB, Default\n"
-    assert gpu_check.nvidia_smi_gpus(text) == 2 * [{"name": "NVIDIA H100 80GB HBM3", "driver": "550.54.15",
-                                                    "memory": "81559 MiB", "compute mode": "Default"}]
+    assert nvidia_smi_gpus(text) == 2 * [{"name": "NVIDIA H100 80GB HBM3", "driver": "550.54.15",
+                                          "memory": "81559 MiB", "compute mode": "Default"}]
