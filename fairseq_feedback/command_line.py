@@ -85,7 +85,7 @@ def _check(cfg, model, reads, tool) -> None:
         check_model_options(cfg.model, model)
         check_positions(cfg, model)
     if task is not None and cfg.task.get("data"):
-        check_data(cfg, task, reads)
+        check_data(cfg, task, reads, training=model is not None)
     check_checkpoints(cfg, model, tool)
 
 
@@ -306,7 +306,7 @@ def _number(value):
 # --- the data ------------------------------------------------------------------------------------
 
 
-def check_data(cfg, task, reads) -> None:
+def check_data(cfg, task, reads, training=False) -> None:
     """The data directories, a translation task's language pair, and the splits the tool reads."""
     paths = utils.split_paths(cfg.task.data)
     for path in paths:
@@ -317,14 +317,25 @@ def check_data(cfg, task, reads) -> None:
         for path, split in reads:
             monolingual_split(path, split, impl)
     elif issubclass(task, TranslationTask):
-        src, tgt = cfg.task.source_lang, cfg.task.target_lang
-        if src is None or tgt is None:
-            src, tgt = data_utils.infer_language_pair(paths[0])
+        src, tgt = language_pair(cfg.task)
         if src is None or tgt is None:
             raise FeedbackUsageError(f"no binarized data found in {paths[0]}: check the data directory, "
                                      "or pass --source-lang and --target-lang")
         for path, split in reads:
             _bilingual_split(path, split, src, tgt, impl)
+        if training:  # the checkpoints record the direction the model learns (check_direction)
+            cfg.task.source_lang, cfg.task.target_lang = src, tgt
+
+
+def language_pair(task_cfg):
+    """(source, target) of a translation task's options: -s and -t, or as
+    fairseq infers them from the first data directory's files ((None, None)
+    if it cannot)."""
+    src, tgt = _option(task_cfg, "source_lang", None), _option(task_cfg, "target_lang", None)
+    data = utils.split_paths(_option(task_cfg, "data", None) or "")
+    if (src is None or tgt is None) and data and os.path.isdir(data[0]):
+        src, tgt = data_utils.infer_language_pair(data[0])
+    return src, tgt
 
 
 def check_binarized(prefix: str) -> None:
@@ -525,6 +536,23 @@ def check_read_as_trained(cfg, checkpoint, tool) -> None:
     if given and not labels:
         raise FeedbackUsageError(f"{checkpoint} was trained without --labels, to predict the next token: "
                                  f"drop --labels {given}")
+    if tool in ("generate", "interactive"):
+        check_direction(cfg, recorded, checkpoint)
+
+
+def check_direction(cfg, recorded, checkpoint) -> None:
+    """A translation model is read in the direction it was trained: with -s
+    and -t swapped, fairseq feeds target-language text to the encoder (with
+    a joined dictionary, or dictionaries of equal size, it translates
+    nonsense with exit status 0; otherwise the dictionaries' sizes differ)."""
+    trained = language_pair(recorded.task)  # recorded by fairseq-train with the plugin (check_data)
+    asked = language_pair(cfg.task)
+    if None in trained or None in asked or trained == asked or trained != asked[::-1]:
+        return
+    src, tgt = trained
+    raise FeedbackUsageError(f"{checkpoint} translates {src} to {tgt}, and this command line asks for {tgt} to "
+                             f"{src}: pass -s {src} -t {tgt} (a model translates the direction it was trained in; "
+                             f"for {tgt} to {src}, train one with -s {tgt} -t {src})")
 
 
 _MISSING = object()

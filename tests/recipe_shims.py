@@ -13,7 +13,9 @@ changes taken from $RECIPE_OVERRIDES, a JSON object {tool: {"drop": [...],
 - "set": options the command has are given another value, appended so that
   argparse's last-one-wins applies (a few updates instead of 50,000, tiny
   batches and blocks);
-- "add": options appended always (--cpu, the tiny model's sizes).
+- "add": options appended always (--cpu, the tiny model's sizes);
+- "workers" (fairseq-train only): at most this many CPU workers for a
+  multi-GPU launch (default 2; 1 where a recipe's other tests run two).
 
 Multi-GPU launches become two CPU workers talking over gloo, as fairseq
 itself cannot on CPU: `fairseq-train --distributed-world-size N` (fairseq's
@@ -75,8 +77,12 @@ def _value(argv, option):
     return value
 
 
+def overrides(tool):
+    return json.loads(os.environ.get("RECIPE_OVERRIDES", "{}")).get(tool, {})
+
+
 def adjust(tool, argv):
-    spec = json.loads(os.environ.get("RECIPE_OVERRIDES", "{}")).get(tool, {})
+    spec = overrides(tool)
     argv = [a for a in argv if a not in spec.get("drop", [])]
     for option, value in spec.get("set", {}).items():
         if _has(argv, option):
@@ -142,8 +148,9 @@ def fairseq_tool(tool):
                      "--distributed-rank", os.environ["RANK"], *GLOO]
         elif int(_value(written, "--distributed-world-size") or 1) > 1 and not _has(written, "--distributed-rank"):
             gpus = int(_value(written, "--distributed-world-size"))
-            log_call(tool, written, argv, gpus=gpus, workers=min(gpus, MAX_WORKERS))
-            sys.exit(spawn_workers(argv, min(gpus, MAX_WORKERS)))
+            workers = min(gpus, overrides(tool).get("workers", MAX_WORKERS))
+            log_call(tool, written, argv, gpus=gpus, workers=workers)
+            sys.exit(spawn_workers(argv, workers))
     if os.environ.get("RANK", "0") == "0":
         log_call(tool, written, argv, gpus=gpus)
     run(tool, argv, FAIRSEQ[tool], "cli_main")

@@ -170,6 +170,10 @@ CASES = {
     "transformer under --task feedback_translation": Case(
         "train", ["{TR}", "--task", "feedback_translation", "--arch", "transformer", "--max-tokens", "200", "--cpu",
                   "--save-dir", "{OUT}"], "--task feedback_translation adds the span loss of a feedback decoder"),
+    "generate -s/-t swapped": Case("generate", [*GENERATE, "-s", "tgt", "-t", "src"],
+                                   "translates src to tgt, and this command line asks for tgt to src: pass -s src -t tgt"),
+    "interactive -s/-t swapped": Case("interactive", [*GENERATE, "-s", "tgt", "-t", "src"],
+                                      "translates src to tgt, and this command line asks for tgt to src", stdin="t1\n"),
     "generate: a language model's checkpoint": Case(
         "generate", ["{TR}", "--path", "{LM_CKPT}", "--cpu"], "feedback_lm is a language model"),
     "eval-lm: a translation model's checkpoint": Case(

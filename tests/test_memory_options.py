@@ -133,6 +133,19 @@ def test_the_long_span_architectures_learn_their_spans():
         assert (args.adaptive_span, args.memory_span, args.adaptive_span_loss) == (True, span, loss)
 
 
+def test_the_large_wikitext_model_without_adaptive_span_attends_over_table9s_fixed_span():
+    """Table 9's large WikiText-103 span is "512, 2048*": --adaptive-span False gives the 512 (Table 6's ablation)."""
+    from fairseq import options
+
+    for extra, expected in [([], (True, 2048, 1e-5)), (["--adaptive-span"], (True, 2048, 1e-5)),
+                            (["--adaptive-span", "False"], (False, 512, 0.0)),
+                            (["--adaptive-span", "False", "--memory-span", "1024"], (False, 1024, 0.0))]:
+        args = options.parse_args_and_arch(options.get_training_parser(), ["x", "--task", "feedback_language_modeling",
+                                                                            "--arch", "feedback_lm_wiki103_large",
+                                                                            *extra])
+        assert (args.adaptive_span, args.memory_span, args.adaptive_span_loss) == expected, extra
+
+
 def test_trimmed_memory_keeps_only_what_the_widest_head_reaches():
     d = make_dictionary()
     model, _ = tiny_lm("--adaptive-span", "--adaptive-span-ramp", "2", "--memory-span", "64", dictionary=d)

@@ -74,6 +74,11 @@ def overrides(tiny_model, **train_set):
     }
 
 
+# the small model's depth, for --memory-composition layer:3
+ABLATIONS_TINY = overrides([*LM_TINY, "--decoder-layers", 4], **{"--batch-size": 4, "--tokens-per-sample": 64,
+                           "--max-tokens": 128, "--max-update": 2, "--persistent-vectors": 8})
+
+
 @dataclass
 class Recipe:
     name: str
@@ -137,6 +142,11 @@ RECIPES = {
         Recipe("wikitext103", fx.write_wikitext, [_prepare("prepare_wikitext103")],
                overrides(LM_TINY, **{"--batch-size": 4, "--tokens-per-sample": 64, "--max-tokens": 128}),
                paper=TABLE9, streams_per_update=512),
+        # the WikiText-103 recipe's 8-GPU command with one thing changed: 14 models, so each trains 2 updates
+        # in one CPU worker (the WikiText-103 recipe's test runs that command on two)
+        Recipe("ablations", fx.write_wikitext, [_prepare("prepare_wikitext103")],
+               dict(ABLATIONS_TINY, **{"fairseq-train": dict(ABLATIONS_TINY["fairseq-train"], workers=1)}),
+               fresh_save_dirs=False),
         Recipe("debian_de_en", fx.write_debian_de_en, [_prepare("prepare_debian_de_en")],
                overrides(TRANSLATION_TINY, **{"--max-tokens": 4096}),
                paper={"feedback_transformer_iwslt_de_en": IWSLT_BUT_DEPTH, "transformer_iwslt_de_en": IWSLT_BUT_DEPTH},
@@ -395,6 +405,54 @@ def test_wikitext103_recipe(runs, name):
                       .read_text().splitlines())
     assert f"Evaluated {test_tokens} tokens" in output  # the feedback LM scores every test token once
     assert "invalid sizes" not in output  # nor does fairseq's evaluation skip any
+
+
+# each ablation's --save-dir: its architecture, and how its options differ from the WikiText-103 recipe's
+# model of that architecture (the paper's, Table 9)
+FIXED_SPAN = dict(adaptive_span=False, memory_span=512, adaptive_span_loss=0.0)  # Table 9's "512, 2048*"
+ABLATIONS = {
+    **{f"memory_{c.replace(':', '')}": ("feedback_lm_wiki103", dict(memory_composition=c))
+       for c in ("weighted", "top", "average", "layer:0", "layer:1", "layer:2", "layer:3")},  # Figures 5, 8
+    "transformer_small": ("feedback_lm_wiki103", dict(no_feedback=True)),
+    "feedback_large_span2048_adaptive": ("feedback_lm_wiki103_large", {}),  # Table 6
+    "feedback_large_span512": ("feedback_lm_wiki103_large", FIXED_SPAN),
+    "transformer_large_span2048_adaptive": ("feedback_lm_wiki103_large", dict(no_feedback=True)),
+    "transformer_large_span512": ("feedback_lm_wiki103_large", dict(FIXED_SPAN, no_feedback=True)),
+    "all_attention": ("feedback_lm_wiki103", dict(persistent_vectors=2048, no_feed_forward=True)),
+    "all_attention_transformer": ("feedback_lm_wiki103",
+                                  dict(persistent_vectors=2048, no_feed_forward=True, no_feedback=True)),
+}
+
+
+def wikitext103_train_args():
+    """The WikiText-103 recipe's TRAIN_ARGS=(...), as the shell splits them."""
+    blocks = bash_blocks(REPO / "examples" / "wikitext103" / "README.md")
+    return shlex.split(re.search(r"^TRAIN_ARGS=\((.*?)\)$", "".join(blocks), flags=re.M | re.S).group(1))
+
+
+@pytest.mark.parametrize("name", ["ablations"])
+def test_ablations_recipe(runs, name):
+    run = runs[name]
+    output = run.wait()
+    trains = run.calls("fairseq-train")
+    assert sorted(Path(parsed_train_args(c).save_dir).name for c in trains) == sorted(ABLATIONS)
+    for call in trains:
+        args = parsed_train_args(call)
+        arch, differences = ABLATIONS[Path(args.save_dir).name]
+        # the WikiText-103 recipe's 8-GPU command for the model (Table 9's options), and the ablation's flag
+        recipe = parsed_train_args({"written": [*wikitext103_train_args(), "--arch", arch, "--distributed-world-size",
+                                                "8", "--batch-size", "64", "--save-dir", args.save_dir]})
+        assert {k: getattr(recipe, k) for k in TABLE9[arch]} == TABLE9[arch]
+        expected = dict(vars(recipe), **differences)
+        assert {k: v for k, v in vars(args).items() if v != expected[k]} == {}, call["written"]
+        assert call["gpus"] * args.batch_size * args.update_freq[0] == 512, call["written"]
+    test_tokens = sum(len(line.split()) + 1 for line in (run.raw / "wikitext-103" / "wiki.test.tokens")
+                      .read_text().splitlines())
+    for save in ABLATIONS:  # each model scored every test token once, its output kept
+        log = (run.work / "checkpoints" / "ablations" / save / "test.log").read_text()
+        assert f"Evaluated {test_tokens} tokens" in log and "invalid sizes" not in log, save
+    perplexities = score_lines(output, r"Perplexity: ([\d.]+)")  # each model's last line, then the comparison
+    assert len(perplexities) == 2 * len(ABLATIONS) and all(math.isfinite(p) for p in perplexities)
 
 
 @pytest.mark.parametrize("name", ["debian_de_en"])

@@ -75,11 +75,13 @@ class FeedbackLanguageModel(PluginModel, TransformerLanguageModel):
     def add_args(cls, parser):
         # fairseq makes a boolean option whose default is True a flag that turns
         # it off; for the paper's defaults here the flag keeps its name's meaning
-        # and an explicit value turns it off: --decoder-normalize-before False.
+        # and an explicit value turns it off: --decoder-normalize-before False
+        # (or --adaptive-span False: the long-span architectures' fixed span).
         # Added first: fairseq's options from the dataclass skip a flag that exists.
-        for name in ("decoder_normalize_before", "relative_positions", "no_token_positional_embeddings"):
+        for name, default in (("decoder_normalize_before", "True"), ("relative_positions", "True"),
+                              ("no_token_positional_embeddings", "True"), ("adaptive_span", "the architecture's")):
             parser.add_argument("--" + name.replace("_", "-"), type=_boolean, nargs="?", const=True,
-                                metavar="BOOL", help=_default(name, None).metadata["help"] + " (default: True)")
+                                metavar="BOOL", help=_default(name, None).metadata["help"] + f" (default: {default})")
         super().add_args(parser)
 
     @classmethod
@@ -137,36 +139,45 @@ ADAPTIVE_INPUT_AND_SOFTMAX = dict(adaptive_input=True, tie_adaptive_weights=True
                                   adaptive_input_cutoff="20000,60000", adaptive_softmax_cutoff="20000,60000")
 
 
-def _sizes(layers, embed_dim, ffn_dim, heads, span, dropout, head_dim=None):
+def _sizes(layers, embed_dim, ffn_dim, heads, dropout, head_dim=None):
     return dict(decoder_layers=layers, decoder_embed_dim=embed_dim, decoder_ffn_embed_dim=ffn_dim,
-                decoder_attention_heads=heads, head_dim=head_dim, memory_span=span, dropout=dropout)
+                decoder_attention_heads=heads, head_dim=head_dim, dropout=dropout)
 
 
 @register_model_architecture("feedback_lm", "feedback_lm_wiki103")
 def feedback_lm_wiki103(args):
     feedback_architecture(args, base_lm_architecture, **PAPER_LM, **ADAPTIVE_INPUT_AND_SOFTMAX,
-                          **_sizes(4, 512, 4096, 8, span=512, dropout=0.1, head_dim=128),
+                          **_sizes(4, 512, 4096, 8, dropout=0.1, head_dim=128), memory_span=512,
                           adaptive_softmax_dropout=0.1)
 
 
-# The paper's long-span models learn each head's span (Sukhbaatar et al. 2019).
+# The paper's long-span models learn each head's span (Sukhbaatar et al. 2019);
+# with --adaptive-span False they attend over a fixed span instead, Table 9's
+# 512 for the large WikiText-103 model (its "512, 2048*", the ablation of Table 6).
+
+
+def _learned_span(args, learned, loss, fixed):
+    if getattr(args, "adaptive_span", None) is False:
+        return dict(memory_span=fixed)
+    return dict(memory_span=learned, adaptive_span=True, adaptive_span_loss=loss)
 
 
 @register_model_architecture("feedback_lm", "feedback_lm_wiki103_large")
 def feedback_lm_wiki103_large(args):
     feedback_architecture(args, base_lm_architecture, **PAPER_LM, **ADAPTIVE_INPUT_AND_SOFTMAX,
-                          **_sizes(8, 1024, 4096, 8, span=2048, dropout=0.3),
-                          adaptive_softmax_dropout=0.2, adaptive_span=True, adaptive_span_loss=1e-5)
+                          **_sizes(8, 1024, 4096, 8, dropout=0.3), adaptive_softmax_dropout=0.2,
+                          **_learned_span(args, 2048, 1e-5, fixed=512))
 
 
 @register_model_architecture("feedback_lm", "feedback_lm_enwik8")
 def feedback_lm_enwik8(args):
     feedback_architecture(args, base_lm_architecture, **PAPER_LM,
-                          **_sizes(12, 512, 4096, 8, span=8192, dropout=0.5, head_dim=128),
-                          adaptive_span=True, adaptive_span_loss=5e-7)
+                          **_sizes(12, 512, 4096, 8, dropout=0.5, head_dim=128),
+                          **_learned_span(args, 8192, 5e-7, fixed=8192))
 
 
 @register_model_architecture("feedback_lm", "feedback_lm_toy")
 def feedback_lm_toy(args):
     """The paper's algorithmic tasks (Table 9, first column)."""
-    feedback_architecture(args, base_lm_architecture, **PAPER_LM, **_sizes(4, 256, 1024, 4, span=100, dropout=0.2))
+    feedback_architecture(args, base_lm_architecture, **PAPER_LM, **_sizes(4, 256, 1024, 4, dropout=0.2),
+                          memory_span=100)
