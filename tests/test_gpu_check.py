@@ -8,6 +8,7 @@ these sizes), its GPU tests a folder of three (the checkout's own take seconds t
 all skip on the CPU). The other tests run steps that stand in for the real ones."""
 
 import json
+import logging
 import os
 import re
 import signal
@@ -348,3 +349,9 @@ def test_the_gpus_are_read_from_nvidia_smi():
     text = 2 * "NVIDIA H100 80GB HBM3, 550.54.15, 81559 MiB, Default\n"
     assert nvidia_smi_gpus(text) == 2 * [{"name": "NVIDIA H100 80GB HBM3", "driver": "550.54.15",
                                           "memory": "81559 MiB", "compute mode": "Default"}]
+
+
+def test_the_check_leaves_fairseqs_loggers_as_it_found_them(checked):
+    """The check runs in the process that calls it (a test's): fairseq's
+    tools run after it there must still log their progress lines."""
+    assert logging.getLogger("fairseq").level == logging.NOTSET  # as fairseq leaves it

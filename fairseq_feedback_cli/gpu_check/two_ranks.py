@@ -22,8 +22,15 @@ def checkpoint_parameters(path: str) -> dict:
 
     import torch
 
-    logging.getLogger("fairseq").setLevel(logging.WARNING)  # what fairseq's import logs is no progress line
-    from fairseq_feedback.safe_checkpoints import fairseq_checkpoints_allowed
+    # what fairseq's import logs is no progress line; the level is put back, for a process that
+    # goes on to run fairseq's tools (a test's) and expects their progress lines
+    fairseq_logger = logging.getLogger("fairseq")
+    level = fairseq_logger.level
+    fairseq_logger.setLevel(logging.WARNING)
+    try:
+        from fairseq_feedback.safe_checkpoints import fairseq_checkpoints_allowed
+    finally:
+        fairseq_logger.setLevel(level)
 
     with fairseq_checkpoints_allowed():
         return torch.load(path, map_location="cpu")["model"]
