@@ -331,16 +331,22 @@ def recorded_graphs(cache):
             if graph is not None]
 
 
-def test_a_dropped_model_frees_its_graphs_at_once_not_at_the_collectors_next_run():
-    """Graphs have one owner, their cache, and nothing of theirs points back:
-    a dropped model's graphs go with it, whatever the collector does (left to
-    it, they were freed inside a later capture on the GPU, which invalidated it)."""
+def graphed_for_training_and_decoding():
+    """A 2-layer translation model whose cache holds training's graphs and beam search's."""
     model, d = tiny_translation_model("--memory-span", "4", "--dropout", "0", layers=2)
     model.decoder.use_cuda_graphs("emulate")
     training_results(model, translation_batches(d))
     model.eval()
     src, lengths, _ = batch(d, rows=3, src_len=5)
     search(model, d, dict(beam_size=2, max_len_b=8), {"net_input": {"src_tokens": src, "src_lengths": lengths}})
+    return model
+
+
+def test_a_dropped_model_frees_its_graphs_at_once_not_at_the_collectors_next_run():
+    """Graphs have one owner, their cache, and nothing of theirs points back:
+    a dropped model's graphs go with it, whatever the collector does (left to
+    it, they were freed inside a later capture on the GPU, which invalidated it)."""
+    model = graphed_for_training_and_decoding()
     cache = model.decoder.graphed.cache
     assert any(key[0] == "decode" for key in cache.graphs) and len(cache.graphs) >= 2
     graphs = [weakref.ref(graph) for graph in recorded_graphs(cache)]
@@ -360,12 +366,7 @@ def test_a_graphs_function_holds_the_modules_it_runs_never_the_decoder():
     at once, and every graph, training's and decoding's, still replays
     without it (a function that reached the decoder by a weak reference
     would fail here)."""
-    model, d = tiny_translation_model("--memory-span", "4", "--dropout", "0", layers=2)
-    model.decoder.use_cuda_graphs("emulate")
-    training_results(model, translation_batches(d))
-    model.eval()
-    src, lengths, _ = batch(d, rows=3, src_len=5)
-    search(model, d, dict(beam_size=2, max_len_b=8), {"net_input": {"src_tokens": src, "src_lengths": lengths}})
+    model = graphed_for_training_and_decoding()
     cache = model.decoder.graphed.cache
     assert {key[0] == "decode" for key in cache.graphs} == {True, False}
     decoder = weakref.ref(model.decoder)
