@@ -12,7 +12,10 @@ changes taken from $RECIPE_OVERRIDES, a JSON object {tool: {"drop": [...],
 - "drop": flags removed (--fp16: fairseq trains in half precision on CUDA only);
 - "set": options the command has are given another value, appended so that
   argparse's last-one-wins applies (a few updates instead of 50,000, tiny
-  batches and blocks);
+  batches and blocks); a fairseq-train whose --save-dir holds
+  checkpoint_last.pt continues it (a finetuning), and its "set" --max-update
+  counts the updates it adds to the checkpoint's, so that it trains as many
+  again (its call's "continued" says from how many updates);
 - "add": options appended always (--cpu, the tiny model's sizes);
 - "workers" (fairseq-train only): at most this many CPU workers for a
   multi-GPU launch (default 2; 1 where a recipe's other tests run two).
@@ -39,6 +42,7 @@ command (torch._dynamo, and with it sympy, as an optimizer is built or a
 shape checked): half of what a training command cost after the fork.
 """
 
+import argparse
 import contextlib
 import importlib
 import json
@@ -88,6 +92,20 @@ def adjust(tool, argv):
         if _has(argv, option):
             argv += [option, str(value)]
     return argv + [str(a) for a in spec.get("add", [])]
+
+
+def continued_updates(argv):
+    """The updates in checkpoint_last.pt of a fairseq-train command's --save-dir, or None when it has none or
+    its "set" does not replace --max-update."""
+    last = os.path.join(_value(argv, "--save-dir") or "checkpoints", "checkpoint_last.pt")
+    if "--max-update" not in overrides("fairseq-train").get("set", {}) or not _has(argv, "--max-update") \
+            or not os.path.exists(last):
+        return None
+    from fairseq import checkpoint_utils, utils
+
+    # fairseq-train imports its --user-dir first too (once): the plugin lets the checkpoint's classes load
+    utils.import_user_module(argparse.Namespace(user_dir=_value(argv, "--user-dir")))
+    return checkpoint_utils.load_checkpoint_to_cpu(last)["optimizer_history"][-1]["num_updates"]
 
 
 def log_call(tool, written, run, **extra):
@@ -140,8 +158,12 @@ def status_of(function, *args):
 def fairseq_tool(tool):
     written = sys.argv[1:]
     argv = adjust(tool, written)
-    gpus = 1
+    gpus, extra = 1, {}
     if tool == "fairseq-train":
+        trained = continued_updates(argv)
+        if trained is not None:
+            argv += ["--max-update", str(trained + int(overrides(tool)["set"]["--max-update"]))]
+            extra["continued"] = trained
         if "RANK" in os.environ:  # a rank started by torchrun
             gpus = int(os.environ.get("RECIPE_TORCHRUN_NPROC", os.environ["WORLD_SIZE"]))
             argv += ["--distributed-init-method", "env://", "--distributed-world-size", os.environ["WORLD_SIZE"],
@@ -149,10 +171,10 @@ def fairseq_tool(tool):
         elif int(_value(written, "--distributed-world-size") or 1) > 1 and not _has(written, "--distributed-rank"):
             gpus = int(_value(written, "--distributed-world-size"))
             workers = min(gpus, overrides(tool).get("workers", MAX_WORKERS))
-            log_call(tool, written, argv, gpus=gpus, workers=workers)
+            log_call(tool, written, argv, gpus=gpus, workers=workers, **extra)
             sys.exit(spawn_workers(argv, workers))
     if os.environ.get("RANK", "0") == "0":
-        log_call(tool, written, argv, gpus=gpus)
+        log_call(tool, written, argv, gpus=gpus, **extra)
     run(tool, argv, FAIRSEQ[tool], "cli_main")
 
 

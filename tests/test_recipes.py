@@ -9,9 +9,11 @@ package's console scripts: they run the real tools on the command as written, ma
 CPU (a few updates, tiny model sizes, two CPU workers for a multi-GPU
 launch, no --fp16; see that module). Before a block that trains, the
 --save-dir it names is emptied, since the README's single- and multi-GPU
-forms are alternatives that a user runs one of. The only edits of the
-README's text are each recipe's `substitutions` below, each of which must
-match: the raw data comes from the fixture folder instead of the internet.
+forms are alternatives that a user runs one of; not before a block that
+finetunes (the recipe's `finetunes`), which continues the checkpoints that
+the trainings before it left. The only edits of the README's text are each
+recipe's `substitutions` below, each of which must match: the raw data comes
+from the fixture folder instead of the internet.
 So a README edit that breaks a command fails here.
 
 The commands' training options are also checked against the paper's
@@ -91,6 +93,8 @@ class Recipe:
     # a training block starts from an empty --save-dir (the README's launch forms are alternatives),
     # unless the recipe's runs continue from their checkpoints by design
     fresh_save_dirs: bool = True
+    # text of the README's block that finetunes: it continues the checkpoints the trainings left in its --save-dirs
+    finetunes: str = ""
 
 
 def _prepare(script):
@@ -139,9 +143,11 @@ RECIPES = {
                overrides(TRANSLATION_TINY, **{"--max-tokens": 20000}),
                paper={"feedback_transformer": TABLE8["feedback_transformer"]},
                tokens_per_update=8 * 4096),
+        # warm-up over within the tiny training, as at 200,000 updates: the finetuning's rate is its --lr
         Recipe("wikitext103", fx.write_wikitext, [_prepare("prepare_wikitext103")],
-               overrides(LM_TINY, **{"--batch-size": 4, "--tokens-per-sample": 64, "--max-tokens": 128}),
-               paper=TABLE9, streams_per_update=512),
+               overrides(LM_TINY, **{"--batch-size": 4, "--tokens-per-sample": 64, "--max-tokens": 128,
+                                     "--warmup-updates": 2}),
+               paper=TABLE9, streams_per_update=512, finetunes="--lr 0.00007 --max-update 210000"),
         # the WikiText-103 recipe's 8-GPU command with one thing changed: 14 models, so each trains 2 updates
         # in one CPU worker (the WikiText-103 recipe's test runs that command on two)
         Recipe("ablations", fx.write_wikitext, [_prepare("prepare_wikitext103")],
@@ -174,11 +180,12 @@ def script_of(recipe: Recipe, raw: Path) -> str:
     text = "\n\n".join(blocks)
     for old, new in recipe.substitutions:
         assert old in text, f"examples/{recipe.name}/README.md no longer has {old!r}: update SUBSTITUTIONS"
+    assert recipe.finetunes in text, f"examples/{recipe.name}/README.md no longer has {recipe.finetunes!r}"
     lines = ["set -euo pipefail"]
     for block in blocks:
         for old, new in recipe.substitutions:
             block = block.replace(old, new.format(raw=raw))
-        if recipe.fresh_save_dirs and "fairseq-train" in block:
+        if recipe.fresh_save_dirs and "fairseq-train" in block and not (recipe.finetunes and recipe.finetunes in block):
             save_dirs = re.findall(r"--save-dir[ =](\S+)", block)
             assert save_dirs and not any("$" in d for d in save_dirs), \
                 f"a training block of examples/{recipe.name}/README.md needs a literal --save-dir"
@@ -274,12 +281,17 @@ def parsed_train_args(call):
 
 
 def check_paper_hyperparameters(run: Run):
+    """Table 8's or 9's options; a finetuning (a call that continued a checkpoint) at a tenth of the learning
+    rate (the appendix)."""
     trains = run.calls("fairseq-train")
     archs = set()
     for call in trains:
         args = parsed_train_args(call)
         archs.add(args.arch)
-        for name, expected in run.recipe.paper.get(args.arch, {}).items():
+        paper = run.recipe.paper.get(args.arch, {})
+        if "continued" in call and "lr" in paper:
+            paper = dict(paper, lr=[pytest.approx(lr / 10) for lr in paper["lr"]])
+        for name, expected in paper.items():
             assert getattr(args, name) == expected, f"{args.arch}: --{name.replace('_', '-')} is " \
                                                     f"{getattr(args, name)}, the paper's {expected}"
         gpus = call["gpus"]
@@ -398,6 +410,7 @@ def test_wikitext103_recipe(runs, name):
     archs = [(args.arch, getattr(args, "no_feedback", None)) for args in map(parsed_train_args, trains)]
     assert ("feedback_lm_wiki103_large", False) in archs and ("transformer_lm_wiki103", None) in archs
     assert ("feedback_lm_wiki103_large", True) in archs  # the paper's Transformer baseline
+    check_finetuned(run, trains, output, ["feedback_small", "feedback_large", "transformer_large"])
     perplexities = score_lines(output, r"Perplexity: ([\d.]+)")
     assert len(perplexities) == len(run.calls("fairseq-eval-lm")) >= 4
     assert all(math.isfinite(p) for p in perplexities)
@@ -405,6 +418,31 @@ def test_wikitext103_recipe(runs, name):
                       .read_text().splitlines())
     assert f"Evaluated {test_tokens} tokens" in output  # the feedback LM scores every test token once
     assert "invalid sizes" not in output  # nor does fairseq's evaluation skip any
+
+
+def check_finetuned(run: Run, trains, output, models):
+    """Each model finetuned (the paper's appendix): its last training command continued in its --save-dir, with
+    --lr and --max-update the only options changed, from the checkpoint that training left (at its last update),
+    for more updates, each at the finetuning's learning rate."""
+    finetunes = [c for c in trains if "continued" in c]
+    saves = [Path(parsed_train_args(c).save_dir) for c in finetunes]
+    assert sorted(save.name for save in saves) == sorted(models)
+    trained_updates = run.recipe.overrides["fairseq-train"]["set"]["--max-update"]
+    for finetune, save in zip(finetunes, saves):
+        args = parsed_train_args(finetune)
+        training = [c for c in trains[:trains.index(finetune)] if Path(parsed_train_args(c).save_dir) == save][-1]
+        assert "continued" not in training and finetune["gpus"] == training["gpus"], finetune["written"]
+        trained = vars(parsed_train_args(training))
+        assert {k for k, v in vars(args).items() if v != trained[k]} == {"lr", "max_update"}, finetune["written"]
+        assert (args.lr, args.max_update) == ([0.00007], 210000) and trained["lr"] == [0.0007]
+        assert finetune["continued"] == trained_updates
+        loaded = output.split(f"Loaded checkpoint {save}/checkpoint_last.pt ")
+        assert len(loaded) == 2, f"{save}: not continued once from its checkpoint_last.pt"
+        log = loaded[1].split("done training")[0]
+        assert re.match(rf"\(epoch \d+ @ {trained_updates} updates\)", log), log[:200]
+        updates = [int(u) for u in re.findall(r"\bnum_updates[= ](\d+)", log)]
+        assert updates and min(updates) > trained_updates and max(updates) == 2 * trained_updates, updates
+        assert set(re.findall(r"\blr[= ]([\d.e+-]+)", log)) == {"7e-05"}, log[-2000:]
 
 
 # each ablation's --save-dir: its architecture, and how its options differ from the WikiText-103 recipe's
