@@ -40,23 +40,34 @@ everywhere, since fairseq's data classes fail without it in any program:
   974, 2831): the mistakes a user can fix print one line (errors.py), and a
   checkpoint that weights-only loading refuses is named in one line, without
   torch's advice to turn the check off (checkpoints.py).
+- fairseq prefetches batches in a daemon thread (BufferedIterator's
+  BackgroundConsumer); one still making a batch when the tool ends is
+  stopped by CPython inside a call to torch, which aborts the process
+  ("terminate called without an active exception", exit status 134, after
+  a run that finished: fairseq-train with CUDA graphs on an H100, whose last
+  updates outran the prefetching; no fairseq issue names it): at exit each
+  is stopped after the batch it is making, and joined.
 - fairseq composes its configuration through hydra's deprecated API, whose
   warnings (twenty lines) come before anything the tool prints: they are
   silenced (hydra itself has no switch for them).
 """
 
+import atexit
 import contextlib
 import functools
 import logging
 import os
+import queue
 import sys
+import threading
+import time
 import types
 import warnings
 from argparse import Namespace
 
 import numpy as np
 from fairseq import checkpoint_utils
-from fairseq.data import data_utils, language_pair_dataset, token_block_dataset
+from fairseq.data import data_utils, iterators, language_pair_dataset, token_block_dataset
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.distributed import utils as distributed_utils
 from fairseq.logging import progress_bar
@@ -116,6 +127,8 @@ def apply() -> None:
             _patch(module, "main", _generate_checked_first)
     if not getattr(sys.excepthook, "prints_one_line", False):
         sys.excepthook = _one_line_for_fixable_mistakes(sys.excepthook)
+    atexit.unregister(stop_prefetching)  # once, however often applied
+    atexit.register(stop_prefetching)
 
 
 class _NumpyAsFairseqCallsIt(types.ModuleType):
@@ -160,6 +173,20 @@ def silence_hydra_deprecations() -> None:
     project's tools too, which build fairseq's configurations themselves."""
     for message in HYDRA_DEPRECATIONS:
         warnings.filterwarnings("ignore", message=r"\s*" + message, category=UserWarning)
+
+
+def stop_prefetching(timeout: float = 60.0) -> None:
+    """Each of fairseq's prefetching threads stopped after the batch it is
+    making, and joined (within `timeout` seconds in all): at exit, before
+    CPython stops daemon threads wherever they are."""
+    deadline = time.monotonic() + timeout
+    for thread in threading.enumerate():
+        if isinstance(thread, iterators.BackgroundConsumer):
+            thread._max_len = 0  # its loop ends after its next put
+            while thread.is_alive() and time.monotonic() < deadline:
+                with contextlib.suppress(queue.Empty):
+                    thread._queue.get_nowait()  # room for that put, and for the end marker that follows it
+                thread.join(0.01)
 
 
 def _patch(module, name: str, fix) -> None:

@@ -150,6 +150,25 @@ def test_a_graph_freed_during_a_capture_invalidates_it_as_on_a_gpu():
         backend.capture(frees_a_graph, Owner())
 
 
+def test_a_gradient_taken_in_a_capture_with_respect_to_a_leaf_invalidates_it_as_on_a_gpu():
+    """On a GPU autograd waits, in a backward, on the stream where a leaf's
+    AccumulateGrad node was made: the default stream whenever a graph from
+    before the capture holds the node (a loss still held; DDP's reducer), and
+    that wait invalidates the capture. An alias made in the capture is a node
+    of the capture's own; the stand-in refuses every leaf."""
+    weight = nn.Parameter(torch.ones(3))
+    held = (weight * 1).sum()  # holds weight's AccumulateGrad node, made outside the capture
+    with pytest.raises(RuntimeError, match="previous error during capture .*gradient with respect to a leaf"):
+        RecordedGraphBackend(CPU).capture(lambda: torch.autograd.grad([(weight * 2).sum()], [weight]), Owner())
+
+    def through_an_alias():
+        alias = weight.view_as(weight)
+        return torch.autograd.grad([(alias * 2).sum()], [alias])
+
+    _, (grad,) = RecordedGraphBackend(CPU).capture(through_an_alias, Owner())
+    assert torch.equal(grad, torch.full((3,), 2.0)) and held.requires_grad
+
+
 def test_the_collector_runs_in_the_middle_of_a_stand_in_capture_unless_paused():
     collected = []
     gc.callbacks.append(lambda phase, info: collected.append(phase))
@@ -556,7 +575,7 @@ def test_a_new_shape_costs_two_eager_passes_past_the_first_graphs():
     cache = stand_in_cache()
     for n in range(FULLY_CHECKED + 3):
         for _ in range(4):
-            (out,) = cache(n, lambda x: (x * weight,), [torch.randn(2, 3)], [weight])
+            (out,) = cache(n, lambda x, weight: (x * weight,), [torch.randn(2, 3)], [weight])
             out.sum().backward()
             cache("other", lambda x: (x + 1,), [torch.randn(2)])
     passes = {key: graphed.eager_passes for key, graphed in cache.graphs.items() if key != "other"}
@@ -580,7 +599,7 @@ def test_a_graph_that_kept_a_tensor_from_outside_its_inputs_is_caught_at_its_nex
 
 def linear_graph(cache, weight, x):
     """A graphed x * weight, summed, and its backward."""
-    (out,) = cache("linear", lambda x: (x * weight,), [x], [weight])
+    (out,) = cache("linear", lambda x, weight: (x * weight,), [x], [weight])
     out.sum().backward()
     return out
 
@@ -632,10 +651,10 @@ def test_a_second_backward_over_the_same_outputs_equals_eager(between):
     other = nn.Parameter(torch.ones(3))
     for _ in range(5):  # eager, then the graph: checked at its first calls, not later
         weight.grad = None
-        (out,) = cache("linear", lambda x: (x * weight,), [x], [weight])
+        (out,) = cache("linear", lambda x, weight: (x * weight,), [x], [weight])
         out.pow(2).sum().backward(retain_graph=True)
         if between:
-            cache("other", lambda x: (x * other,), [torch.ones(5, 3)], [other])[0].sum().backward()
+            cache("other", lambda x, other: (x * other,), [torch.ones(5, 3)], [other])[0].sum().backward()
         out.pow(2).sum().backward()
         torch.testing.assert_close(weight.grad, 2 * (2 * x * weight * x).sum(0))
     assert cache.failed is None
@@ -645,7 +664,7 @@ def test_a_second_backward_after_the_graph_ran_on_other_inputs_is_refused():
     weight, x = nn.Parameter(torch.ones(3)), torch.ones(2, 3)
     cache = stand_in_cache()
     linear_graph(cache, weight, x)  # its first sighting: eager
-    (out,) = cache("linear", lambda x: (x * weight,), [x], [weight])
+    (out,) = cache("linear", lambda x, weight: (x * weight,), [x], [weight])
     out.sum().backward(retain_graph=True)
     linear_graph(cache, weight, 2 * x)
     with pytest.raises(RuntimeError, match="a second backward through a block replayed as a CUDA graph, after the "

@@ -227,12 +227,14 @@ def test_a_command_that_fails_fails_its_step_with_its_error_line_and_parts_not_a
 def test_a_failing_gpu_test_fails_step_1_and_names_the_test(tmp_path):
     tests = probe_tests(tmp_path)
     with open(os.path.join(tests, "test_probe.py"), "a") as f:
-        f.write("\n\n@pytest.mark.gpu\ndef test_a_graph_on_the_gpu():\n    assert False, 'replayed stale weights'\n")
+        # an id with spaces, as the checkout's parameters have: named whole
+        f.write("\n\n@pytest.mark.gpu\n@pytest.mark.parametrize('options', ['shared kv'])\n"
+                "def test_a_graph_on_the_gpu(options):\n    assert False, 'replayed stale weights'\n")
     with mock.patch(CHECKOUT_TESTS, lambda: tests):
         proc = check_with([step("1", gpu_tests)], tmp_path)
     assert proc.returncode == 1
     assert ("step 1 (step 1: pytest exit 1: 1 failed, 1 passed, 1 skipped, 1 deselected; failed: "
-            "tests/test_probe.py::test_a_graph_on_the_gpu)") in proc.stderr
+            "tests/test_probe.py::test_a_graph_on_the_gpu[shared kv])") in proc.stderr
     assert checkout_tests() == os.path.join(REPO, "tests")  # from this checkout: its own
 
 
@@ -270,7 +272,7 @@ def test_a_step_that_would_not_fit_is_skipped_for_time_and_said_so(tmp_path):
     proc = check_with([step("1", passes), step("2", passes, estimate=3600), step("3a", passes)], tmp_path)
     assert proc.returncode == 2
     assert "[2] skipped for time: needs about 3600 s, " in proc.stdout
-    assert "passed 1, 3a; skipped or stopped for time: 2 (--minutes 8)" in proc.stdout.splitlines()[-1]
+    assert "passed 1, 3a; skipped or stopped for time: 2 (--minutes 9)" in proc.stdout.splitlines()[-1]
     report = report_of(tmp_path)
     assert report["status"] == "incomplete" and report["steps"][1]["seconds"] is None
 

@@ -229,6 +229,27 @@ def test_models_dropped_between_captures_never_invalidate_a_later_capture(device
     torch.randint(10, (3,), device=device)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_capture_while_earlier_losses_hold_the_parameters_accumulate_grad_nodes(device):
+    """The sequence that failed on an H100 (torch 2.11): losses kept from
+    before the capture hold every parameter's AccumulateGrad node, made on
+    the default stream (DDP's reducer holds them always); a captured backward
+    that took gradients with respect to the parameters waited on that
+    stream, which invalidated the capture ("operation would make the legacy
+    stream depend on a capturing blocking stream")."""
+    model, d = tiny_translation_model("--memory-span", "4", "--dropout", "0", layers=2)
+    model = model.to(device).train()
+    graphs(model, device)
+    ((src, lengths, prev),), _ = translation_batches(d, device, ((3, 5, 7),))
+    held = []
+    for _ in range(3):  # eager, then captured, then replayed
+        loss = model(src, lengths, prev)[0].float().pow(2).sum()
+        loss.backward(retain_graph=True)
+        held.append(loss)
+    assert model.decoder.graphed.cache.captured == 1
+    assert_no_fallback(model)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_a_capture_that_fails_leaves_the_gpu_usable():

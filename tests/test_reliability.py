@@ -289,6 +289,53 @@ def test_importing_the_plugin_changes_nothing_and_the_hub_still_loads(killed_run
     assert proc.stdout.split() and all(word.startswith("t") for word in proc.stdout.split())
 
 
+PREFETCHING_AT_EXIT = """
+import sys
+
+import torch
+from fairseq.data import iterators
+from fairseq_feedback import patches
+
+
+class Batches:
+    \"\"\"Endless batches, each made by a long call to torch, which releases the GIL.\"\"\"
+
+    def __len__(self):
+        return 10 ** 6
+
+    def __iter__(self):
+        x = torch.randn(1500, 1500)
+        while True:
+            x = (x @ x).clamp_(-1, 1)
+            yield x[0, 0]
+
+
+if sys.argv[1] == "fixed":
+    patches.apply()  # as fairseq's tools apply them
+batches = iterators.BufferedIterator(10 ** 6, Batches())  # never full: always making the next batch
+next(batches)
+"""
+
+
+@pytest.mark.parametrize("fixed", [pytest.param(False, id="fairseq as it is", marks=pytest.mark.skipif(
+    sys.version_info >= (3, 14), reason="CPython 3.14 leaves such a thread hanging instead")),
+                                   pytest.param(True, id="in a tool with the plugin")])
+def test_a_tool_that_ends_while_fairseq_prefetches_a_batch_exits_as_it_ended(tmp_path, fixed):
+    """fairseq prefetches batches in a daemon thread. At the end of
+    fairseq-train with CUDA graphs on an H100 the last updates outran it, and
+    CPython stopped it inside a call to torch as the interpreter exited,
+    which aborted a run that had finished ("terminate called without an
+    active exception", exit status 134). Here the thread is always inside
+    torch; in a tool the plugin stops it at exit, after its batch."""
+    (tmp_path / "prefetching.py").write_text(PREFETCHING_AT_EXIT)
+    proc = subprocess.run([sys.executable, "prefetching.py", "fixed" if fixed else "plain"], cwd=tmp_path, env=ENV,
+                          capture_output=True, text=True, timeout=120)
+    if fixed:
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    else:
+        assert proc.returncode == -6 and "terminate called without an active exception" in proc.stderr
+
+
 @pytest.mark.parametrize("how", ["console script", "python -m"])
 def test_fairseq_tools_still_print_the_plugins_errors_as_one_line(tmp_path, how):
     """... and nothing else: not the twenty lines of hydra's deprecation warnings that fairseq's start-up raised

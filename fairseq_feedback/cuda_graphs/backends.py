@@ -24,6 +24,14 @@ would go wrong on a GPU goes wrong here too:
   as CUDA's does ("operation not permitted when stream is capturing"); the
   collector, where it is enabled, runs in the middle of every capture, the
   worst moment it could;
+- a gradient taken inside a capture with respect to a leaf tensor (a
+  parameter) invalidates it: on a GPU autograd waits there on the stream
+  where the leaf's AccumulateGrad node was made, which may be the default
+  stream whenever a graph made outside the capture still holds the node (a
+  loss the caller keeps; DDP's reducer, always), and that wait invalidates
+  the capture (graphed_function.py's `_run` differentiates aliases made in
+  the pass instead); the stand-in refuses every leaf, since which nodes
+  are held cannot be seen;
 - a failed capture leaves the device's random generator in capture mode,
   as torch before 2.13 leaves CUDA's: every random operator raises until the
   backend recovers it;
@@ -43,6 +51,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, _len_torch_dispatch_stack, _pop_mode, _push_mode
 
 from .capabilities import cuda_graphs_unsupported, end_allocating_to_pool
@@ -168,6 +177,20 @@ def _forbidden_during_capture(operation: str) -> Optional[str]:
     return error
 
 
+class _GradientsOfLeavesForbidden(TorchFunctionMode):
+    """During a capture: torch.autograd.grad with respect to a leaf tensor
+    invalidates it, as the wait on the leaf's AccumulateGrad stream does on a GPU."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.autograd.grad:
+            inputs = kwargs.get("inputs", args[1] if len(args) > 1 else ())
+            if any(t.is_leaf for t in ([inputs] if isinstance(inputs, Tensor) else inputs)):
+                _forbidden_during_capture("a gradient with respect to a leaf, whose AccumulateGrad node's stream "
+                                          "is not the capture's")
+        return func(*args, **kwargs)
+
+
 class RecordedGraph:
     """A graph is its function, recorded, and the static outputs it writes."""
 
@@ -224,7 +247,8 @@ class RecordedGraphBackend(GraphBackend):
         capture = _Capture()
         _capturing.append(capture)
         try:
-            outputs = tuple(fn())
+            with _GradientsOfLeavesForbidden():
+                outputs = tuple(fn())
             if gc.isenabled():
                 gc.collect()  # the collector may run at any moment of a capture: here, at the worst one
             if capture.error:

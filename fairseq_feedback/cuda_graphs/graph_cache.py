@@ -71,20 +71,21 @@ class GraphCache:
 
     def __call__(self, key: Hashable, fn, inputs: Sequence[Optional[Tensor]], params: Sequence[Tensor] = (),
                  state: Sequence[Tensor] = (), shape: str = ""):
-        """fn(*inputs), from the graph cached for `key` (captured now at the
-        key's second sighting), or eagerly at its first, once the cache has
-        failed, or while another forward awaits its backward. `shape`: the
-        key in words, for the log."""
+        """fn(*inputs, *params), from the graph cached for `key` (captured
+        now at the key's second sighting), or eagerly at its first, once the
+        cache has failed, or while another forward awaits its backward.
+        `params`: what fn reads besides its inputs (GraphedFunction);
+        `shape`: the key in words, for the log."""
         self._give_up_if_the_last_graph_failed()
         if self.failed is not None or self.max_graphs == 0 or self.ledger.awaiting_backward():
-            return tuple(fn(*inputs))
+            return tuple(fn(*inputs, *params))
         graphed = self.graphs.get(key)
         self.statistics.lookup(key, hit=graphed is not None)
         if graphed is None and self._first_sighting(key):
-            outputs = tuple(fn(*inputs))
+            outputs = tuple(fn(*inputs, *params))
         elif graphed is None:
             graphed = self._capture(key, fn, inputs, params, state, shape or str(key))
-            outputs = tuple(fn(*inputs)) if graphed is None else graphed(fn, *inputs)
+            outputs = tuple(fn(*inputs, *params)) if graphed is None else graphed(fn, *inputs)
         else:
             self.graphs.move_to_end(key)
             outputs = graphed(fn, *inputs)

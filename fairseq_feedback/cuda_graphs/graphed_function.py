@@ -75,48 +75,62 @@ def _nbytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
 
-class _Recorded:
-    """The outputs of the forward graph's capture (in the stand-in, of its
-    last replay), as autograd knows them: what the backward graph differentiates."""
+class Pass:
+    """One run of fn as autograd knows it: its outputs, and what its
+    gradients are taken with respect to (`_run`). The forward graph's is
+    what the backward graph differentiates (in the stand-in, its last replay's)."""
 
     outputs: Outputs = ()
+    targets: Tuple[Tensor, ...] = ()
 
 
 def _run(fn: Callable, inputs: Sequence[Optional[Tensor]], autocast: Optional[torch.dtype], device_type: str,
-         training: bool, recorded: Optional[_Recorded] = None) -> Outputs:
+         training: bool, into: Pass) -> Outputs:
     """fn(*inputs), under autocast again if the caller was (without its
     cache of cast weights, which would hand the graphs the weights of an
-    earlier call), with gradients if training. A function of its arguments
-    alone: what a graph records holds nothing that holds the graph."""
+    earlier call), with gradients if training; the pass kept in `into`. A
+    function of its arguments alone: what a graph records holds nothing
+    that holds the graph.
+
+    In training fn reads an alias, made here, of each input that requires
+    gradients, and the gradients are taken with respect to the aliases,
+    never the inputs themselves. A gradient with respect to a leaf (a
+    parameter) reaches the leaf's AccumulateGrad node, which autograd made
+    where the leaf was first used, remembering that stream, and which lives
+    as long as any graph that used the leaf: a loss the caller still holds,
+    and under DDP always (its reducer holds every parameter's). Inside a
+    capture, autograd's wait on that stream, the default one, invalidates
+    the capture (torch 2.11, on an H100: "operation would make the legacy
+    stream depend on a capturing blocking stream"). An alias is a node of
+    this pass, made on its stream."""
     cast = contextlib.nullcontext()
     if autocast is not None:
         cast = torch.autocast(device_type, autocast, cache_enabled=False)
     with cast, torch.enable_grad() if training else torch.no_grad():
+        if training:
+            inputs = [x.view_as(x) if x is not None and x.requires_grad else x for x in inputs]
         outputs = tuple(fn(*inputs))
-    if recorded is not None:
-        recorded.outputs = outputs
+    into.outputs = outputs
+    into.targets = tuple(x for x in inputs if x is not None and x.requires_grad) if training else ()
     return outputs
 
 
-def _gradients(outputs: Outputs, grad_outputs: Sequence[Tensor], targets: Sequence[Tensor],
-               device_type: str) -> Outputs:
-    """The gradients of `targets` from those of the differentiable outputs."""
-    differentiable = [(o, g) for o, g in zip(outputs, grad_outputs) if o.requires_grad]
+def _gradients(run: Pass, grad_outputs: Sequence[Tensor], device_type: str) -> Outputs:
+    """The gradients of the pass's targets from those of its differentiable outputs."""
+    differentiable = [(o, g) for o, g in zip(run.outputs, grad_outputs) if o.requires_grad]
     # never under autocast: its weight cache is what capture forbids, and a backward needs no casts
     with torch.autocast(device_type, enabled=False):
-        return torch.autograd.grad([o for o, _ in differentiable], targets, [g for _, g in differentiable],
+        return torch.autograd.grad([o for o, _ in differentiable], run.targets, [g for _, g in differentiable],
                                    allow_unused=True)
 
 
-def _recorded_gradients(recorded: _Recorded, grad_outputs: Sequence[Tensor], targets: Sequence[Tensor],
-                        device_type: str) -> Outputs:
-    return _gradients(recorded.outputs, grad_outputs, targets, device_type)
-
-
 class GraphedFunction:
-    """fn(*inputs) -> tuple of outputs, for inputs shaped as `sample_inputs`:
-    one graph for the forward and, when gradients are on, one for the
-    backward, with respect to the inputs that require them and `params`.
+    """fn(*inputs, *params) -> tuple of outputs, for inputs shaped as
+    `sample_inputs`: one graph for the forward and, when gradients are on,
+    one for the backward, with respect to the inputs and `params` that
+    require them. `params`: what fn reads besides its inputs, handed over as
+    arguments (as torch.func.functional_call takes a module's parameters),
+    in place, never copied: a graph reads them where they are.
     `state`: tensors that fn updates in place (a decoding cache), left as
     they were by capture. `ledger`: what the graphs of the backend's pool
     share. `fully_checked`: checked at new inputs and after another graph's
@@ -134,9 +148,9 @@ class GraphedFunction:
             self.inputs = [None if x is None else x.detach().clone().requires_grad_(x.requires_grad)
                            for x in sample_inputs]
             before = [t.clone() for t in self.state]
-        self.params = [p for p in params if p.requires_grad] if torch.is_grad_enabled() else []
-        self.grad_targets = [x for x in self.inputs if x is not None and x.requires_grad] + self.params
-        self.training = torch.is_grad_enabled() and bool(self.grad_targets)
+        self.params = list(params)
+        self.training = torch.is_grad_enabled() and any(
+            x is not None and x.requires_grad for x in (*self.inputs, *self.params))
         # under --amp: autocast again inside (_run)
         self.autocast = autocast_dtype(self.device_type)
         self.calls = 0
@@ -145,19 +159,19 @@ class GraphedFunction:
         self.eager_passes = 0  # eager forward (and backward) passes this graph cost beyond its calls' own
         self.forward_graph = self.backward_graph = None
 
-        rng, made, recorded = self.generator.get_state(), StoragesMade(), _Recorded()
+        rng, made, recorded = self.generator.get_state(), StoragesMade(), Pass()
         try:
             with collector_paused(), torch.autocast(self.device_type, enabled=False):
                 with stage("capture"), made:
                     self.forward_graph, self.outputs = backend.capture(
-                        partial(_run, fn, self.inputs, self.autocast, self.device_type, self.training, recorded), self)
+                        partial(_run, fn, [*self.inputs, *self.params], self.autocast, self.device_type,
+                                self.training, recorded), self)
                 self.differentiable = [o.requires_grad for o in recorded.outputs]
                 self.grad_outputs = tuple(torch.zeros_like(o) for o in self.outputs)
                 if self.training:
                     with stage("capture"), made:
                         self.backward_graph, self.grads = backend.capture(
-                            partial(_recorded_gradients, recorded, self.grad_outputs, self.grad_targets,
-                                    self.device_type), self)
+                            partial(_gradients, recorded, self.grad_outputs, self.device_type), self)
         except GraphFailure:
             self.release()
             raise
@@ -177,12 +191,14 @@ class GraphedFunction:
         self.forward_graph = self.backward_graph = None
         self.outputs = self.grads = ()
 
-    def forward_eagerly(self, fn: Callable) -> Outputs:
+    def forward_eagerly(self, fn: Callable) -> Pass:
         """fn on the static inputs, eagerly."""
-        return _run(fn, self.inputs, self.autocast, self.device_type, self.training)
+        run = Pass()
+        _run(fn, [*self.inputs, *self.params], self.autocast, self.device_type, self.training, run)
+        return run
 
-    def gradients(self, outputs: Outputs, grad_outputs: Sequence[Tensor]) -> Outputs:
-        return _gradients(outputs, grad_outputs, self.grad_targets, self.device_type)
+    def gradients(self, run: Pass, grad_outputs: Sequence[Tensor]) -> Outputs:
+        return _gradients(run, grad_outputs, self.device_type)
 
     def _restore(self, saved: Sequence[Tensor]) -> None:
         for t, value in zip(self.state, saved):
@@ -194,7 +210,7 @@ class GraphedFunction:
     # --- a call -----------------------------------------------------------------------------------
 
     def __call__(self, fn: Callable[..., Sequence[Tensor]], *inputs: Optional[Tensor]) -> Outputs:
-        """This call's `fn(*inputs)`. The graph replays the function it
+        """This call's `fn(*inputs, *params)`. The graph replays the function it
         captured; the checks and the eager fallback run this call's `fn`,
         so that a graph that kept a tensor from outside its inputs shows."""
         self.calls += 1
@@ -209,10 +225,10 @@ class GraphedFunction:
         # cloned: what a caller keeps (features, a criterion's second look) outlives the next replay
         return tuple(o.clone() for o in outputs)
 
-    def replay_forward(self, fn: Callable, due: FrozenSet[str]) -> Tuple[Outputs, Optional[Outputs], bool]:
-        """This call's outputs; the eager computation's when it is checked or
-        has failed (with its autograd graph, in training); and whether the
-        outputs passed a check."""
+    def replay_forward(self, fn: Callable, due: FrozenSet[str]) -> Tuple[Outputs, Optional[Pass], bool]:
+        """This call's outputs; the eager pass when it is checked or has
+        failed (with its autograd graph, in training), whose outputs are the
+        call's after a failure; and whether the outputs passed a check."""
         rng = self.generator.get_state()
         before = [t.clone() for t in self.state] if due else ()
         failure = expected = None
@@ -226,13 +242,13 @@ class GraphedFunction:
                 self.eager_passes += 1
                 with stage("the check's eager forward"):
                     expected = self._rerun(fn, rng, before)
-                judged = self.checks.judge("outputs", self.outputs, expected)
+                judged = self.checks.judge("outputs", self.outputs, expected.outputs)
         except GraphFailure as e:
             failure = e
         if failure is not None:  # outside the except: nothing of the failure is held while eager runs
             self._give_up(failure)
             eager = self._rerun(fn, rng, before)
-            return eager, eager, False
+            return eager.outputs, eager, False
         if not due:
             return self.outputs, None, False
         if judged and not self.training:
@@ -240,7 +256,7 @@ class GraphedFunction:
         self._restore(replayed)
         return self.outputs, expected, judged
 
-    def _rerun(self, fn: Callable, rng: Tensor, state: Sequence[Tensor]) -> Outputs:
+    def _rerun(self, fn: Callable, rng: Tensor, state: Sequence[Tensor]) -> Pass:
         """This call's eager computation, from the random state `rng` and decoding state `state`."""
         self.generator.set_state(rng)
         self._restore(state)
@@ -274,7 +290,7 @@ class GraphedFunction:
         grads = iter(grads)
         # None for what needs no gradient (and a parameter this pass left
         # unused, e.g. by LayerDrop: its .grad stays as it was, as in eager)
-        return [None if x is None or not x.requires_grad else next(grads) for x in self.inputs] + list(grads)
+        return [None if x is None or not x.requires_grad else next(grads) for x in (*self.inputs, *self.params)]
 
     def _replayed_gradients(self, ctx, grad_outputs: Sequence[Tensor]) -> Outputs:
         for static, differentiable, g in zip(self.grad_outputs, self.differentiable, grad_outputs):
@@ -295,6 +311,6 @@ class GraphedFunction:
         (still in the static buffers: no other call replays this graph while
         its backward is awaited) and its dropout draws."""
         after = self.generator.get_state()
-        outputs = self._rerun(ctx.fn, ctx.rng, ())
+        run = self._rerun(ctx.fn, ctx.rng, ())
         self.generator.set_state(after)
-        return self.gradients(outputs, grad_outputs)
+        return self.gradients(run, grad_outputs)

@@ -26,7 +26,8 @@ class Replay(torch.autograd.Function):
         ctx.rng = graphed.generator.get_state()
         ctx.call, ctx.backwards = graphed.calls, 0
         outputs, ctx.expected, ctx.judged = graphed.replay_forward(fn, due)
-        ctx.eager = outputs is ctx.expected  # the graph failed: eager for the backward too
+        # the graph failed: eager for the backward too
+        ctx.eager = ctx.expected is not None and outputs is ctx.expected.outputs
         outputs = tuple(o.detach() for o in outputs)
         ctx.mark_non_differentiable(*[o for o, d in zip(outputs, graphed.differentiable) if not d])
         return outputs

@@ -14,7 +14,7 @@ the decoder, so that nothing of a graph leads back to its cache.
 """
 
 import contextlib
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -85,19 +85,42 @@ class FeedbackLoop:
         self._ran(loop)
         return outputs, memories
 
-    def block_from(self, x: Tensor, initial: Tensor, encoder_kv: Optional[Tensor],
-                   encoder_bias: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
-        """`block` over a memory started from the memory vectors `initial`: a
-        function of tensors alone, which a CUDA graph captures. The memory
-        vectors come back detached: a stream carries them without a backward."""
-        buffer, window = self.start(initial, len(x))
-        # in a graph kernels cost and Python does not: the loop through
-        # autograd takes the linear layers' weight gradients once per block
-        # too (the fused block does by itself)
-        per_block = contextlib.nullcontext() if self.fused else weight_gradients_per_block(self.modules())
-        with per_block:
-            outputs, memories = self.block(x, buffer, window, encoder_kv, encoder_bias)
+    def block_from(self, x: Tensor, initial: Tensor, encoder_kv: Optional[Tensor], encoder_bias: Optional[Tensor],
+                   *parameters: Tensor) -> Tuple[Tensor, Tensor]:
+        """`block` over a memory started from the memory vectors `initial`,
+        reading `parameters` in place of parameters() (the aliases that a
+        CUDA graph takes gradients with respect to): a function of tensors
+        alone, which a CUDA graph captures. The memory vectors come back
+        detached: a stream carries them without a backward."""
+        with self.reading(parameters):
+            buffer, window = self.start(initial, len(x))
+            # in a graph kernels cost and Python does not: the loop through
+            # autograd takes the linear layers' weight gradients once per block
+            # too (the fused block does by itself)
+            per_block = contextlib.nullcontext() if self.fused else weight_gradients_per_block(self.modules())
+            with per_block:
+                outputs, memories = self.block(x, buffer, window, encoder_kv, encoder_bias)
         return outputs, memories.detach()
+
+    @contextlib.contextmanager
+    def reading(self, tensors: Sequence[Tensor]) -> Iterator[None]:
+        """The loop's modules (and its key positions) read `tensors` in place
+        of parameters(), in its order, as torch.func.functional_call has a
+        module read the tensors it is given."""
+        replaced = {id(p): t for p, t in zip(self.parameters(), tensors)}
+        swapped = [(module, name, p) for module in self.modules() for name, p in module._parameters.items()
+                   if p is not None and id(p) in replaced]
+        key_positions = self.key_positions
+        for module, name, p in swapped:
+            module._parameters[name] = replaced[id(p)]
+        if key_positions is not None:
+            self.key_positions = replaced.get(id(key_positions), key_positions)
+        try:
+            yield
+        finally:
+            for module, name, p in swapped:
+                module._parameters[name] = p
+            self.key_positions = key_positions
 
     def step(self, x: Tensor, window: Tuple[Tensor, ...], distance: Tensor, encoder_kv: Optional[Tensor],
              encoder_bias: Optional[Tensor]) -> Tuple[Tensor, Tensor]:

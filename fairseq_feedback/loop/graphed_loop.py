@@ -36,8 +36,8 @@ from .graphed_decoding import GraphedDecoding
 
 logger = logging.getLogger(__name__)
 
-# fn(x, initial, encoder_kv, encoder_bias) -> (outputs, memory vectors), as FeedbackLoop.block_from
-ReplayedBlock = Callable[[Tensor, Tensor, Optional[Tensor], Optional[Tensor]], Tuple[Tensor, Tensor]]
+# fn(x, initial, encoder_kv, encoder_bias, *parameters) -> (outputs, memory vectors), as FeedbackLoop.block_from
+ReplayedBlock = Callable[..., Tuple[Tensor, Tensor]]
 
 
 class GraphedFeedbackLoop:
@@ -86,7 +86,7 @@ class GraphedFeedbackLoop:
     def block(self, fn: ReplayedBlock, x: Tensor, initial: Tensor, encoder_kv: Optional[Tensor],
               encoder_bias: Optional[Tensor], parameters: Sequence[Tensor], key: Hashable,
               description: str) -> Tuple[Tensor, Tensor]:
-        """fn(x, initial, encoder_kv, encoder_bias) at the block's bucket:
+        """fn(x, initial, encoder_kv, encoder_bias, *parameters) at the block's bucket:
         x [time, batch, embed], the memory vectors `initial` [slots, batch,
         embed] it starts from, the encoder's keys/values [layers, 2, batch,
         heads, src_len, head_dim] and mask, each padded; the outputs cut back.

@@ -109,8 +109,8 @@ def read(path: str) -> str:
 class Step:
     key: str  # "3a": the part, then the step within it
     title: str
-    # seconds, by size: "full" on one H100 (a guess until a GPU run times it: report.json has each
-    # step's time beside its estimate), "tiny" on 2 CPU cores
+    # seconds, by size: "full" on one H100 (as measured there on 2026-11-27, docs/gpu.md; report.json
+    # has each step's time beside its estimate), "tiny" on 2 CPU cores
     estimate: Dict[str, float]
     run: Callable[["Check"], Outcome]
 

@@ -38,7 +38,9 @@ def gpu_tests(check: Check) -> Outcome:
     log = read(check.path("logs", command.log))
     counts = pytest_counts(log)
     said = ", ".join(f"{n} {outcome}" for outcome, n in counts.items())
-    failed = [line.split()[1] for line in log.splitlines() if line.startswith(("FAILED ", "ERROR "))]
+    # "FAILED tests/x.py::test[an id with spaces] - the error": the test's id whole
+    failed = [line.split(" ", 1)[1].split(" - ", 1)[0] for line in log.splitlines()
+              if line.startswith(("FAILED ", "ERROR "))]
     outcome = Outcome(said, {"pytest exit status": code, **counts, "failed": failed},
                       [f"On {check.machine['device']}: {said}.", "", *[f"- failed: `{test}`" for test in failed]])
     if code != 0 or not counts.get("passed", 0) + counts.get("skipped", 0):
