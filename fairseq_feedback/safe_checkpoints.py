@@ -12,7 +12,7 @@ allowlist exactly the plain-data classes fairseq writes into checkpoints:
 Everything else is still refused (fairseq issues 5603, 5610), and named in
 one line (refusal), never with torch's advice to load with
 weights_only=False, which would let the file run its code. fairseq's
-tools allow them for the whole run (patches.py: a --user-dir plugin is
+tools allow them for the whole run (fairseq_fixes/patches.py: a --user-dir plugin is
 imported before any checkpoint is read), this project's tools as they start;
 the models' from_pretrained (the hub, in a program of one's own) for the
 load alone.

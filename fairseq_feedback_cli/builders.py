@@ -15,8 +15,8 @@ from fairseq.models import ARCH_MODEL_REGISTRY
 from fairseq.tasks import TASK_REGISTRY
 from fairseq.tasks.translation import TranslationTask
 
-from fairseq_feedback.command_line import check_model_options
-from fairseq_feedback.patches import silence_hydra_deprecations
+from fairseq_feedback.fairseq_fixes.command_line import check_model_options
+from fairseq_feedback.fairseq_fixes.patches import silence_hydra_deprecations
 
 silence_hydra_deprecations()  # fairseq's configuration, composed here as fairseq's tools compose it
 

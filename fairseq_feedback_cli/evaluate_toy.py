@@ -30,7 +30,7 @@ checkpoint, an existing predictions file is scored against --raw.
 import json
 import os
 
-from fairseq_feedback.errors import one_line
+from fairseq_feedback.fairseq_fixes.one_line import one_line
 
 from .command_line import ArgumentParser, check_at_least, fail, quiet
 from .outputs import check_destination

@@ -23,8 +23,8 @@ from fairseq.sequence_generator import SequenceGenerator
 import recipe_shims
 
 from fairseq_feedback_cli.data_prep import toy_tasks
-from fairseq_feedback import patches
-from fairseq_feedback.errors import one_line
+from fairseq_feedback.fairseq_fixes import patches
+from fairseq_feedback.fairseq_fixes.one_line import one_line
 from fairseq_feedback_cli import builders
 from fairseq_feedback_cli.builders import size_flags
 

@@ -294,7 +294,7 @@ import sys
 
 import torch
 from fairseq.data import iterators
-from fairseq_feedback import patches
+from fairseq_feedback.fairseq_fixes import patches
 
 
 class Batches:

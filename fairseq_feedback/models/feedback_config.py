@@ -1,7 +1,7 @@
 """Options of the feedback decoders, shared by the translation model and the LM:
 their defaults and checks (one path for every architecture). The checks of
 fairseq's own options, and of the rest of a command line, are in
-command_line.py."""
+fairseq_fixes/command_line.py."""
 
 from dataclasses import dataclass, field
 from typing import Optional
@@ -94,7 +94,7 @@ def feedback_architecture(args, fairseq_architecture, **defaults) -> None:
     the paper's choices), then fairseq's architecture of the same shape, then
     the feedback options' defaults. Options already set (on the command line,
     in a checkpoint) are kept. They are checked before fairseq-train starts
-    (command_line.py) and as a model is built."""
+    (fairseq_fixes/command_line.py) and as a model is built."""
     for name, value in defaults.items():
         if getattr(args, name, None) is None:
             setattr(args, name, value)

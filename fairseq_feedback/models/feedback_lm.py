@@ -22,10 +22,9 @@ from fairseq.modules import AdaptiveInput, CharacterTokenEmbedder
 from omegaconf import II
 from torch import Tensor
 
-from ..command_line import check_model_and_task
 from ..errors import FeedbackUsageError
 from .feedback_config import FeedbackConfig, check_feedback_args, decoder_config, feedback_architecture
-from .plugin_model import PluginModel, build_decoder
+from .plugin_model import PluginModel, build_decoder, check_model_and_task
 
 
 def _boolean(value: str) -> bool:
@@ -58,13 +57,17 @@ class FeedbackLanguageModelConfig(FeedbackConfig, TransformerLanguageModelConfig
     # The task's, as transformer_lm takes them, with a value where the task
     # has none: under another kind of task (a mistake) fairseq could not
     # compose the configuration, and the mistake would end in an interpolation
-    # error rather than in the one line command_line.py gives.
+    # error rather than in the one line fairseq_fixes/command_line.py gives.
     add_bos_token: bool = _default("add_bos_token", "${oc.select:task.add_bos_token,false}")
     tokens_per_sample: int = _default("tokens_per_sample", "${oc.select:task.tokens_per_sample,1024}")
 
 
 @register_model("feedback_lm", dataclass=FeedbackLanguageModelConfig)
 class FeedbackLanguageModel(PluginModel, TransformerLanguageModel):
+    language_model = True
+    wrong_task = ("feedback_lm is a language model: use --task feedback_language_modeling "
+                  "(the translation model is --arch feedback_transformer)")
+
     def __init__(self, decoder):
         super().__init__(decoder)
         # stream name -> the memory carried from its previous block; not saved

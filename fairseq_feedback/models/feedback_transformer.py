@@ -14,14 +14,17 @@ from fairseq.models.transformer import (
     transformer_vaswani_wmt_en_de_big,
 )
 
-from ..command_line import check_model_and_task
 from ..errors import FeedbackUsageError
 from .feedback_config import FeedbackConfig, check_feedback_args, feedback_architecture
-from .plugin_model import PluginModel, build_decoder
+from .plugin_model import PluginModel, build_decoder, check_model_and_task
 
 
 @register_model("feedback_transformer")
 class FeedbackTransformerModel(PluginModel, TransformerModel):
+    language_model = False
+    wrong_task = ("feedback_transformer is a translation model, which a language-modelling task cannot train: "
+                  "use --task translation (or feedback_translation), or the language model, --arch feedback_lm")
+
     @classmethod
     def add_args(cls, parser):
         super().add_args(parser)

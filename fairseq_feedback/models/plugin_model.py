@@ -1,5 +1,11 @@
-"""What both models of this plugin add to fairseq's (TransformerModel, TransformerLanguageModel), and
-the decoder they build."""
+"""What both models of this plugin add to fairseq's (TransformerModel, TransformerLanguageModel), the
+decoder they build, and the task each goes with."""
+
+import argparse
+from typing import Optional
+
+from fairseq.models import ARCH_MODEL_REGISTRY
+from fairseq.tasks.language_modeling import LanguageModelingTask
 
 from ..errors import FeedbackUsageError
 from ..safe_checkpoints import fairseq_checkpoints_allowed
@@ -14,6 +20,10 @@ def build_decoder(cfg, dictionary, embed_tokens, no_encoder_attn=False):
 
 
 class PluginModel:
+    # a language model or not: which of fairseq's kinds of task it goes with, and else what to use
+    language_model: bool
+    wrong_task: str
+
     @classmethod
     def hub_models(cls):
         return {}  # fairseq's transformers name downloads that are not feedback models
@@ -29,6 +39,31 @@ class PluginModel:
     def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
         check_dictionary_sizes(self, state_dict)
         return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
+
+
+def check_model_and_task(model, task) -> None:
+    """The model goes with the task (both classes), all that is wrong in one line:
+    a model of this plugin goes with a language-modelling task or with another
+    (`language_model`), and a task of this plugin takes one model (its
+    `takes_model`), each saying what to use instead."""
+    problems = []
+    if issubclass(model, PluginModel) and model.language_model != issubclass(task, LanguageModelingTask):
+        problems.append(model.wrong_task)
+    takes = getattr(task, "takes_model", None)
+    if takes is not None and not issubclass(model, takes):
+        problems.append(task.wrong_model)
+    if problems:
+        raise FeedbackUsageError("; ".join(problems))
+
+
+def model_class(model_cfg) -> Optional[type]:
+    """The class an architecture's configuration (or a checkpoint's record of
+    it) builds, as fairseq's build_model finds it (None: none)."""
+    if model_cfg is None:
+        return None
+    get = (lambda name: getattr(model_cfg, name, None)) if isinstance(model_cfg, argparse.Namespace) else \
+        (lambda name: model_cfg.get(name, None))
+    return ARCH_MODEL_REGISTRY.get(get("_name") or get("arch"))
 
 
 def check_dictionary_sizes(model, state_dict) -> None:

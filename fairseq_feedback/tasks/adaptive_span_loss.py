@@ -7,7 +7,7 @@ trainer divides by `sample_size`, hence the span loss enters multiplied by it.
 
 from fairseq import metrics
 
-from ..command_line import check_model_and_task, model_class
+from ..models.plugin_model import check_model_and_task, model_class
 
 
 class _WithSpanLoss:

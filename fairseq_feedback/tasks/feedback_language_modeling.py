@@ -26,9 +26,10 @@ from fairseq.data import Dictionary, data_utils
 from fairseq.tasks import register_task
 from fairseq.tasks.language_modeling import LanguageModelingConfig, LanguageModelingTask
 
-from ..command_line import check_block, labels_dictionary, monolingual_split
 from ..errors import FeedbackUsageError
+from ..models.feedback_lm import FeedbackLanguageModel
 from .adaptive_span_loss import AdaptiveSpanLossMixin
+from .splits import labels_dictionary, monolingual_split
 from .streams import SplitStream, StreamBatchIterator
 
 
@@ -45,7 +46,12 @@ class FeedbackLanguageModelingConfig(LanguageModelingConfig):
 
 @register_task("feedback_language_modeling", dataclass=FeedbackLanguageModelingConfig)
 class FeedbackLanguageModelingTask(AdaptiveSpanLossMixin, LanguageModelingTask):
-    """Its command line is checked by command_line.py (blocks, batches of streams, labels)."""
+    """Its command line is checked by fairseq_fixes/command_line.py (blocks, batches of streams, labels)."""
+
+    takes_model = FeedbackLanguageModel
+    wrong_model = ("--task feedback_language_modeling carries each stream's memory from block to block, which only "
+                   "--arch feedback_lm (and feedback_lm_*) does: use it (with --no-feedback for the transformer "
+                   "baseline), or --task language_modeling")
 
     @classmethod
     def setup_dictionary(cls, args, **kwargs):
@@ -112,3 +118,8 @@ class FeedbackLanguageModelingTask(AdaptiveSpanLossMixin, LanguageModelingTask):
                                        num_workers=num_workers).next_epoch_itr(shuffle=False)
 
 
+def check_block(block, max_positions) -> None:
+    """A block fits in the model's positions (absolute ones: relative ones set no limit)."""
+    if max_positions is not None and block > max_positions:
+        raise FeedbackUsageError(f"--tokens-per-sample {block} is longer than the model allows ({max_positions}): "
+                                 "use shorter blocks")

@@ -27,7 +27,7 @@ hydra-train), check_generate for fairseq-generate. In this order:
 
 Every tool also checks a split as fairseq loads it (check_binarized), and
 the models and tasks check their pairing as they are built
-(check_model_and_task).
+(models/plugin_model.py, check_model_and_task).
 """
 
 import argparse
@@ -41,22 +41,20 @@ import torch
 
 from fairseq import utils
 from fairseq.data import Dictionary, data_utils, indexed_dataset
-from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY
+from fairseq.models import MODEL_REGISTRY
 from fairseq.tasks import TASK_REGISTRY
 from fairseq.tasks.language_modeling import LanguageModelingTask
 from fairseq.tasks.translation import TranslationTask
 
+from ..errors import FeedbackUsageError
+from ..models import FeedbackLanguageModel
+from ..models.feedback_config import check_feedback_args
+from ..models.plugin_model import PluginModel, check_model_and_task, model_class
+from ..tasks import FeedbackLanguageModelingTask
+from ..tasks.adaptive_span_loss import AdaptiveSpanLossMixin
+from ..tasks.feedback_language_modeling import check_block
+from ..tasks.splits import labels_dictionary, monolingual_split
 from .checkpoints import is_complete, newest_complete_checkpoint, recorded_configuration
-from .errors import FeedbackUsageError
-from .models.feedback_config import check_feedback_args
-
-
-def model_class(model_cfg):
-    """The class an architecture's configuration (or a checkpoint's record of
-    it) builds, as fairseq's build_model finds it (None: none)."""
-    if model_cfg is None:
-        return None
-    return ARCH_MODEL_REGISTRY.get(_option(model_cfg, "_name", None) or _option(model_cfg, "arch", None))
 
 
 def check_tool(cfg, tool: str) -> None:
@@ -76,7 +74,7 @@ def _check(cfg, model, reads, tool) -> None:
     if model is not None and task is not None:
         check_model_and_task(model, task)
         check_trained_by_task(cfg.model, task)
-    if task is not None and issubclass(task, TASK_REGISTRY["feedback_language_modeling"]):
+    if task is not None and issubclass(task, FeedbackLanguageModelingTask):
         check_streams(cfg)
         check_labels(cfg, training=model is not None)
     check_fairseq_options(cfg)
@@ -89,43 +87,13 @@ def _check(cfg, model, reads, tool) -> None:
     check_checkpoints(cfg, model, tool)
 
 
-def _is_feedback(model) -> bool:
-    return issubclass(model, (MODEL_REGISTRY["feedback_lm"], MODEL_REGISTRY["feedback_transformer"]))
-
-
 # --- the model and the task ----------------------------------------------------------------------
-
-
-def check_model_and_task(model, task) -> None:
-    """The model goes with the task (both classes): what this plugin's models
-    and tasks need of each other, all of it in one line."""
-    language_model = issubclass(task, LanguageModelingTask)
-    problems = []
-    if issubclass(model, MODEL_REGISTRY["feedback_lm"]) and not language_model:
-        problems.append("feedback_lm is a language model: use --task feedback_language_modeling "
-                        "(the translation model is --arch feedback_transformer)")
-    if issubclass(model, MODEL_REGISTRY["feedback_transformer"]) and language_model:
-        problems.append("feedback_transformer is a translation model, which a language-modelling task cannot "
-                        "train: use --task translation (or feedback_translation), or the language model, "
-                        "--arch feedback_lm")
-    if issubclass(task, TASK_REGISTRY["feedback_language_modeling"]) and \
-            not issubclass(model, MODEL_REGISTRY["feedback_lm"]):
-        problems.append("--task feedback_language_modeling carries each stream's memory from block to block, "
-                        "which only --arch feedback_lm (and feedback_lm_*) does: use it (with --no-feedback for "
-                        "the transformer baseline), or --task language_modeling")
-    if issubclass(task, TASK_REGISTRY["feedback_translation"]) and \
-            not issubclass(model, MODEL_REGISTRY["feedback_transformer"]):
-        problems.append("--task feedback_translation adds the span loss of a feedback decoder: use --arch "
-                        "feedback_transformer (or feedback_transformer_*), or --task translation")
-    if problems:
-        raise FeedbackUsageError("; ".join(problems))
 
 
 def check_trained_by_task(model_cfg, task) -> None:
     """Learned spans need their loss added and their values kept in range,
     which only this plugin's tasks do."""
-    plugin_tasks = (TASK_REGISTRY["feedback_translation"], TASK_REGISTRY["feedback_language_modeling"])
-    if getattr(model_cfg, "adaptive_span", False) and not issubclass(task, plugin_tasks):
+    if getattr(model_cfg, "adaptive_span", False) and not issubclass(task, AdaptiveSpanLossMixin):
         raise FeedbackUsageError("--adaptive-span is trained by this plugin's tasks, which add --adaptive-span-loss "
                                  "and keep the spans in range: use --task feedback_translation "
                                  "(feedback_language_modeling for a language model), or drop --adaptive-span")
@@ -133,14 +101,8 @@ def check_trained_by_task(model_cfg, task) -> None:
 
 def check_positions(cfg, model) -> None:
     """A feedback language model with absolute positions has as many as it has: blocks fit in them."""
-    if issubclass(model, MODEL_REGISTRY["feedback_lm"]) and not cfg.model.no_token_positional_embeddings:
+    if issubclass(model, FeedbackLanguageModel) and not cfg.model.no_token_positional_embeddings:
         check_block(cfg.task.tokens_per_sample, cfg.model.max_target_positions)
-
-
-def check_block(block, max_positions) -> None:
-    if max_positions is not None and block > max_positions:
-        raise FeedbackUsageError(f"--tokens-per-sample {block} is longer than the model allows ({max_positions}): "
-                                 "use shorter blocks")
 
 
 # --- the streaming task --------------------------------------------------------------------------
@@ -183,16 +145,7 @@ def check_labels(cfg, training: bool) -> None:
                                  "dict.txt): pass the label that marks positions without a target")
     if training:
         for path, split in training_splits(cfg):
-            monolingual_split(os.path.join(path, args.labels), split, cfg.dataset.dataset_impl)
-
-
-def labels_dictionary(data, labels) -> str:
-    """The path of the labels' dictionary, checked."""
-    path = os.path.join(utils.split_paths(data)[0], labels, "dict.txt")
-    if not os.path.exists(path):
-        raise FeedbackUsageError(f"labels dictionary {path} not found: binarize the labels with "
-                                 f"fairseq-preprocess --only-source --destdir {os.path.dirname(path)}")
-    return path
+            check_monolingual_split(os.path.join(path, args.labels), split, cfg.dataset.dataset_impl)
 
 
 def _flag(name) -> str:
@@ -234,7 +187,7 @@ GENERATION_RANGES = {
 def check_model_options(model_cfg, model) -> None:
     """The options of a model trained (or built from options): fairseq's, then the decoder's."""
     check_ranges(model_cfg, MODEL_RANGES)
-    if _is_feedback(model):
+    if issubclass(model, PluginModel):
         check_feedback_args(model_cfg)
 
 
@@ -315,7 +268,7 @@ def check_data(cfg, task, reads, training=False) -> None:
     impl = cfg.dataset.dataset_impl
     if issubclass(task, LanguageModelingTask):
         for path, split in reads:
-            monolingual_split(path, split, impl)
+            check_monolingual_split(path, split, impl)
     elif issubclass(task, TranslationTask):
         src, tgt = language_pair(cfg.task)
         if src is None or tgt is None:
@@ -397,12 +350,9 @@ def check_split(prefix: str, impl, missing: str) -> None:
     check_binarized(prefix)
 
 
-def monolingual_split(data: str, split: str, impl=None) -> str:
-    """DATA/SPLIT, checked: the layout of fairseq-preprocess --only-source."""
-    prefix = os.path.join(data, split)
-    check_split(prefix, impl, f"split '{split}' not found in {data}: expected {split}.bin and {split}.idx "
-                              "from fairseq-preprocess --only-source")
-    return prefix
+def check_monolingual_split(data: str, split: str, impl=None) -> None:
+    """DATA/SPLIT (fairseq-preprocess --only-source), present and readable."""
+    check_binarized(monolingual_split(data, split, impl))
 
 
 def _bilingual_split(data: str, split: str, src: str, tgt: str, impl) -> None:

@@ -18,7 +18,7 @@ checkpoint was trained with (its options) is read without its tensors
 "Complete" means torch.save's zip archive has its central directory, which
 is written last: a file cut short at any point lacks it. Nothing is
 unpickled to find out, so checkpoints are still loaded only by fairseq,
-with the allowlist of safe_checkpoints.py.
+with the allowlist of fairseq_feedback/safe_checkpoints.py.
 """
 
 import contextlib
@@ -35,8 +35,8 @@ import torch
 from fairseq.file_io import PathManager
 from omegaconf import open_dict
 
-from .errors import FeedbackUsageError
-from .safe_checkpoints import fairseq_checkpoints_allowed, refusal
+from ..errors import FeedbackUsageError
+from ..safe_checkpoints import fairseq_checkpoints_allowed, refusal
 
 logger = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ everywhere, since fairseq's data classes fail without it in any program:
   (checkpoints.py).
 - torch >= 2.6 loads with weights_only=True and fairseq passes nothing, so
   its checkpoints do not load (fairseq issues 5603, 5610): exactly the
-  classes fairseq stores are allowed (safe_checkpoints.py).
+  classes fairseq stores are allowed (fairseq_feedback/safe_checkpoints.py).
 - fairseq-train creates --save-dir, and fairseq-generate --results-path,
   before anything is read (fairseq issue 1986): the command line is checked
   before the tool's main runs (command_line.py), a checkpoint file before
@@ -37,7 +37,7 @@ everywhere, since fairseq's data classes fail without it in any program:
   issue 3903; one cut short). What the tool created for a run that then
   failed is removed if it holds nothing.
 - every mistake ends in a traceback, even a missing file (fairseq issues
-  974, 2831): the mistakes a user can fix print one line (errors.py), and a
+  974, 2831): the mistakes a user can fix print one line (one_line.py), and a
   checkpoint that weights-only loading refuses is named in one line, without
   torch's advice to turn the check off (checkpoints.py).
 - fairseq prefetches batches in a daemon thread (BufferedIterator's
@@ -72,10 +72,10 @@ from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.distributed import utils as distributed_utils
 from fairseq.logging import progress_bar
 
+from ..safe_checkpoints import allow_fairseq_checkpoints
 from .checkpoints import AtomicCopyPathManager, loaded_in_one_line, resume_from_a_complete_checkpoint
 from .command_line import check_binarized, check_generate, check_tool
-from .errors import one_line
-from .safe_checkpoints import allow_fairseq_checkpoints
+from .one_line import one_line
 
 
 def in_a_fairseq_tool() -> bool:

@@ -1,0 +1,16 @@
+"""This plugin's fixes of fairseq, apart from the model: what fairseq's tools get with
+--user-dir fairseq_feedback (each fix names the fairseq issue it answers: patches.py). It
+imports the core (the models and tasks, their options and checks); the core imports nothing
+of it.
+
+    patches.py        apply: every fix, in fairseq's tools; apply_on_import: the one that any
+                      program importing the plugin gets (what numpy 2 removed)
+    command_line.py   a tool's whole command line, checked before the tool creates anything
+    checkpoints.py    checkpoints written whole or not at all, a truncated one passed over, a
+                      refused one named in one line
+    one_line.py       the one line that names the fix of a mistake, instead of a traceback
+"""
+
+from .patches import apply, apply_on_import
+
+__all__ = ["apply", "apply_on_import"]
