@@ -48,7 +48,7 @@ from fairseq.tasks.translation import TranslationTask
 
 from ..errors import FeedbackUsageError
 from ..models import FeedbackLanguageModel
-from ..models.feedback_config import check_feedback_args
+from ..models.feedback_config import check_feedback_args, may_change_on_resume
 from ..models.plugin_model import PluginModel, check_model_and_task, model_class
 from ..tasks import FeedbackLanguageModelingTask
 from ..tasks.adaptive_span_loss import AdaptiveSpanLossMixin
@@ -422,12 +422,13 @@ def continued_checkpoint(cfg):
 
 # The model options that may change when training continues from a checkpoint: regularisation,
 # how the model is computed and how long its inputs may be. Any other option makes another model.
+# fairseq's are listed here; this plugin's say so where they are defined (models/feedback_config.py).
 MAY_CHANGE = {
     "dropout", "attention_dropout", "activation_dropout", "relu_dropout", "adaptive_softmax_dropout",
     "encoder_layerdrop", "decoder_layerdrop", "quant_noise_pq", "quant_noise_pq_block_size", "quant_noise_scalar",
-    "adaptive_span_loss", "adaptive_span_init", "checkpoint_activations", "offload_activations", "min_params_to_wrap",
-    "cuda_graphs", "no_cuda_graphs", "tpu", "max_source_positions", "max_target_positions", "tokens_per_sample",
-}
+    "checkpoint_activations", "offload_activations", "min_params_to_wrap",
+    "tpu", "max_source_positions", "max_target_positions", "tokens_per_sample",
+} | may_change_on_resume()
 # Options that fairseq's build_model overwrites from another one when that one is set (so a checkpoint
 # records what the command line did not say): compared through the other.
 DERIVED = {"share_decoder_input_output_embed": "share_all_embeddings", "encoder_layers": "encoder_layers_to_keep",

@@ -17,19 +17,27 @@ from ..modules.key_value_buffer import KeyValueBuffer
 from .fused_layer import ACTIVATIONS
 
 
-def unfused_reason(layers: Sequence, device_type: str, buffer: Optional[KeyValueBuffer] = None) -> Optional[str]:
-    """Why these layers (None where LayerDrop left one out) run through
-    autograd rather than fused (None: fused). `buffer`: the memory's
-    key/value slots, when the loop resumes a decoding cache."""
+def unfused_reason(layers: Sequence, device_type: str, buffer: Optional[KeyValueBuffer] = None,
+                   unfused_options: Sequence[str] = ()) -> Optional[str]:
+    """Why these layers run through autograd rather than fused (None: fused).
+
+    Args:
+        layers: the decoder's layers, None where LayerDrop left one out.
+        device_type: where they run ("cpu", "cuda").
+        buffer: the memory's key/value slots, when the loop resumes a decoding cache.
+        unfused_options: this plugin's options that are set and that the fused
+            block does not run (their fields' metadata: models/feedback_config.py),
+            as flags. fairseq's options are found here, from the layers.
+    """
     if torch.is_grad_enabled() and buffer is not None and buffer.resumed:
         return "gradients through a decoding cache"
     if torch.is_autocast_enabled(device_type):
         return "autocast (--amp)"
+    if unfused_options:
+        return unfused_options[0]
     for layer in layers:
         if layer is None:
             continue
-        if layer.self_attn.persistent_keys is not None:
-            return "--persistent-vectors"
         if layer.training and (layer.self_attn.dropout or layer.encoder_attention_dropout()):
             return "--attention-dropout"
         if layer.activation_fn not in ACTIVATIONS:

@@ -1,10 +1,19 @@
 """Options of the feedback decoders, shared by the translation model and the LM:
 their defaults and checks (one path for every architecture). The checks of
 fairseq's own options, and of the rest of a command line, are in
-fairseq_fixes/command_line.py."""
+fairseq_fixes/command_line.py.
 
-from dataclasses import dataclass, field
-from typing import Optional
+What is known of an option is said in its field's metadata, beside its help:
+- "at_least", "at_most": the values it can take (check_feedback_args);
+- "may_change_on_resume": True where training may continue a checkpoint with
+  another value (regularisation, how the model is computed); any other
+  option makes another model (fairseq_fixes/command_line.py refuses it);
+- "fused": False where the fused block does not run the option, and the loop
+  runs step by step through autograd instead (loop/fallback.py).
+"""
+
+from dataclasses import dataclass, field, fields
+from typing import List, Optional
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.models.transformer import TransformerConfig
@@ -19,7 +28,8 @@ CUDA_GRAPHS = ChoiceEnum(["auto", "off", "emulate"])
 class FeedbackConfig(FairseqDataclass):
     memory_span: int = field(
         default=1024,
-        metadata={"help": "how many past memory vectors each step attends to (the paper's attention span)"},
+        metadata={"help": "how many past memory vectors each step attends to (the paper's attention span)",
+                  "at_least": 1},
     )
     per_layer_kv: bool = field(
         default=False,
@@ -28,7 +38,7 @@ class FeedbackConfig(FairseqDataclass):
     )
     head_dim: Optional[int] = field(
         default=None,
-        metadata={"help": "dimension of each memory-attention head (default: embed dim / heads)"},
+        metadata={"help": "dimension of each memory-attention head (default: embed dim / heads)", "at_least": 1},
     )
     no_feedback: bool = field(
         default=False,
@@ -51,17 +61,23 @@ class FeedbackConfig(FairseqDataclass):
         metadata={"help": "learn each head's span up to --memory-span (Sukhbaatar et al. 2019); "
                           "the memory kept is what the widest head reaches"},
     )
-    adaptive_span_ramp: int = field(default=32, metadata={"help": "length of the adaptive span's soft ramp"})
-    adaptive_span_init: float = field(default=0.0, metadata={"help": "initial span, as a fraction of --memory-span"})
+    adaptive_span_ramp: int = field(
+        default=32, metadata={"help": "length of the adaptive span's soft ramp", "at_least": 1})
+    adaptive_span_init: float = field(
+        default=0.0,
+        metadata={"help": "initial span, as a fraction of --memory-span", "at_least": 0, "at_most": 1,
+                  "may_change_on_resume": True},
+    )
     adaptive_span_loss: float = field(
         default=0.0,
         metadata={"help": "coefficient of the span loss, memory span x mean span fraction per layer, added to "
-                          "the training loss by this plugin's tasks and logged as span_loss"},
+                          "the training loss by this plugin's tasks and logged as span_loss",
+                  "at_least": 0, "may_change_on_resume": True},
     )
     persistent_vectors: int = field(
         default=0,
         metadata={"help": "learned key/value vectors per head that every step also attends to "
-                          "(Sukhbaatar et al. 2019, all-attention)"},
+                          "(Sukhbaatar et al. 2019, all-attention)", "at_least": 0, "fused": False},
     )
     no_feed_forward: bool = field(
         default=False,
@@ -74,9 +90,10 @@ class FeedbackConfig(FairseqDataclass):
                           "eagerly elsewhere; 'off' always eagerly (the same numbers, many times slower on a GPU); "
                           "'emulate' through the path a GPU takes, with a stand-in for the CUDA calls, on any device "
                           "(to see a data set's shapes and hit rate). fairseq-generate and eval-lm: "
-                          "--model-overrides \"{'cuda_graphs': 'off'}\""},
+                          "--model-overrides \"{'cuda_graphs': 'off'}\"", "may_change_on_resume": True},
     )
-    no_cuda_graphs: bool = field(default=False, metadata={"help": "the same as --cuda-graphs off"})
+    no_cuda_graphs: bool = field(
+        default=False, metadata={"help": "the same as --cuda-graphs off", "may_change_on_resume": True})
 
 
 def decoder_config(args):
@@ -104,25 +121,30 @@ def feedback_architecture(args, fairseq_architecture, **defaults) -> None:
             setattr(args, name, value)
 
 
-# The values each numeric option above can work with (unset: skipped)
-RANGES = {
-    **dict.fromkeys(("memory_span", "head_dim", "adaptive_span_ramp"), (lambda v: v >= 1, "at least 1")),
-    **dict.fromkeys(("persistent_vectors", "adaptive_span_loss"), (lambda v: v >= 0, "at least 0")),
-    "adaptive_span_init": (lambda v: 0 <= v <= 1, "in [0, 1]"),
-}
 # fairseq options these decoders do not implement, and the value that turns each off
 UNSUPPORTED = {"checkpoint_activations": False, "base_layers": 0}
 
 
+def may_change_on_resume() -> set:
+    """The options that training may continue a checkpoint with at other values."""
+    return {f.name for f in fields(FeedbackConfig) if f.metadata.get("may_change_on_resume")}
+
+
+def unfused_options(cfg) -> List[str]:
+    """The options set in `cfg` that the fused block does not run, as flags."""
+    return [_flag(f.name) for f in fields(FeedbackConfig) if f.metadata.get("fused") is False and getattr(cfg, f.name)]
+
+
 def check_feedback_args(args) -> None:
     """One-line errors for option values the decoders cannot use."""
-    for name, (valid, bound) in RANGES.items():
-        value = getattr(args, name, None)
-        if value is not None and not valid(value):
-            raise FeedbackUsageError(f"--{name.replace('_', '-')} must be {bound}, got {value}")
+    for f in fields(FeedbackConfig):
+        low, high, value = f.metadata.get("at_least"), f.metadata.get("at_most"), getattr(args, f.name, None)
+        if value is not None and ((low is not None and value < low) or (high is not None and value > high)):
+            bound = f"at least {low}" if high is None else f"in [{low}, {high}]"
+            raise FeedbackUsageError(f"{_flag(f.name)} must be {bound}, got {value}")
     for name, off in UNSUPPORTED.items():
         if getattr(args, name, off) not in (off, None):
-            raise FeedbackUsageError(f"--{name.replace('_', '-')} is not supported by the feedback decoder; drop it")
+            raise FeedbackUsageError(f"{_flag(name)} is not supported by the feedback decoder; drop it")
     check_heads(args)
     composition_layer(args.memory_composition, args.decoder_layers)
     if args.adaptive_span_loss and not args.adaptive_span:
@@ -149,3 +171,7 @@ def check_heads(args) -> None:
     if not args.head_dim:
         raise FeedbackUsageError(f"--decoder-embed-dim {dim} is not divisible by --decoder-attention-heads {heads}: "
                                  "change one, or set --head-dim")
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")

@@ -32,6 +32,7 @@ from ..loop.feedback_loop import FeedbackLoop, Layers
 from ..loop.graphed_loop import GraphedFeedbackLoop
 from ..modules.feedback_memory import FeedbackMemory
 from ..modules.key_value_buffer import KeyValueBuffer
+from .feedback_config import unfused_options
 from .memory_decoder import IncrementalState, MemoryDecoder
 
 logger = logging.getLogger(__name__)
@@ -48,6 +49,7 @@ class FeedbackDecoder(MemoryDecoder):
         )
         self.use_cuda_graphs("off" if cfg.no_cuda_graphs else str(cfg.cuda_graphs))
         self.use_fused_block(True)
+        self.unfused_options = unfused_options(cfg)
         self.loop_hooks: Dict[int, Callable] = OrderedDict()
         self.unfused_reasons_said = set()  # _log_unfused says each once
 
@@ -160,7 +162,7 @@ class FeedbackDecoder(MemoryDecoder):
         `buffer`: the memory's slots, when resumed from a decoding cache."""
         if not self.fused_block_enabled:
             return "use_fused_block(False)"
-        return fallback.unfused_reason(layers, device_type, buffer)
+        return fallback.unfused_reason(layers, device_type, buffer, self.unfused_options)
 
     def _log_unfused(self, reason: str) -> None:
         """Once per decoder and reason."""
