@@ -155,21 +155,22 @@ def check_before_search(name: str, phase: str, model, forward: Callable[[], Tens
                         "(in fp16, try bf16 or fp32)")
 
 
-def graph_cache(model):
-    """The feedback loop's cache of CUDA graphs (or of the stand-in's), or None: graphs off, or not started."""
-    graphed = getattr(model.decoder, "graphed", None)
-    return None if graphed is None else graphed.cache
+def graph_statistics(model):
+    """The figures of the feedback loop's CUDA graphs (or of the stand-in's), or None: graphs off, or not
+    started, or a model without them (fairseq's)."""
+    statistics = getattr(model, "graph_statistics", None)
+    return None if statistics is None else statistics()
 
 
 def graphs_captured(model) -> int:
-    cache = graph_cache(model)
-    return 0 if cache is None else cache.captured
+    statistics = graph_statistics(model)
+    return 0 if statistics is None else statistics.captured
 
 
 def awaiting_capture(model) -> bool:
     """Whether the model's graphs run but have captured nothing yet: a shape is captured at its second sighting."""
-    cache = graph_cache(model)
-    return cache is not None and cache.captured == 0 and cache.failed is None
+    statistics = graph_statistics(model)
+    return statistics is not None and statistics.captured == 0 and statistics.failed is None
 
 
 WARM_UP_CALLS = 8  # at most, while calls keep capturing graphs (a stream's memory filling its span: a graph per length)
@@ -249,7 +250,7 @@ def first_batches(built, workloads, count: int, finite: FiniteResults, memory: O
             passes.append(seconds)
             if len(passes) == 1:
                 rates[name] = tokens / seconds
-            if graph_cache(model) is None or (graphs_captured(model) == captured and not awaiting_capture(model)):
+            if graph_statistics(model) is None or (graphs_captured(model) == captured and not awaiting_capture(model)):
                 break
         new_graphs = graphs_captured(model) - captured_before
         if new_graphs:
@@ -318,8 +319,8 @@ def loop_as_a_gpu_replays_it(model):
 
 def graphs_state(model) -> Optional[tuple]:
     """The model's graphs captured and the eager passes they made (None: no graphs)."""
-    cache = graph_cache(model)
-    return None if cache is None else (cache.captured, cache.eager_passes())
+    statistics = graph_statistics(model)
+    return None if statistics is None else (statistics.captured, statistics.eager_passes)
 
 
 def counted_as_a_gpu_replays_it(model, work, warm_up: int = WARM_UP_CALLS) -> _CountOps:
@@ -795,9 +796,9 @@ def profile_columns(built, profiles, captures, device, cuda_graphs) -> Dict[str,
     training-step profile (`profiles`: kernels_and_busy_share's)."""
     columns = {}
     if graphs_run(device, cuda_graphs):
-        caches = {name: graph_cache(model) for name, model in built.items() if graph_cache(model) is not None}
-        columns["capture s"] = {name: sum(c[name] for c in captures) for name in caches}
-        columns["graphs MB"] = {name: cache.nbytes() / 2**20 for name, cache in caches.items()}
+        graphed = {name: graph_statistics(model) for name, model in built.items() if graph_statistics(model) is not None}
+        columns["capture s"] = {name: sum(c[name] for c in captures) for name in graphed}
+        columns["graphs MB"] = {name: statistics.nbytes / 2**20 for name, statistics in graphed.items()}
     gpu = device.type == "cuda"
     columns["kernels/step" if gpu else "ops/step"] = {name: kernels for name, (kernels, _) in profiles.items()}
     if gpu:  # CUDA only

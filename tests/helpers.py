@@ -25,6 +25,9 @@ import recipe_shims
 from fairseq_feedback_cli.data_prep import toy_tasks
 from fairseq_feedback.fairseq_fixes import patches
 from fairseq_feedback.fairseq_fixes.one_line import one_line
+from fairseq_feedback.loop import feedback_loop
+from fairseq_feedback.loop.fused_block import FusedFeedbackLoop
+from fairseq_feedback.loop.reference import ReferenceLoop
 from fairseq_feedback_cli import builders
 from fairseq_feedback_cli.builders import size_flags
 
@@ -107,6 +110,42 @@ def assert_same_hypotheses(got, expected):
         for g, e in zip(got_nbest, nbest):
             assert torch.equal(g["tokens"], e["tokens"])
             torch.testing.assert_close(g["positional_scores"], e["positional_scores"], atol=1e-5, rtol=1e-5)
+
+
+# --- what the feedback loop runs ------------------------------------------------------------------
+
+
+def on_loop_runs(monkeypatch, call):
+    """call(runner) after each block and each step of the feedback loop, for the rest
+    of the test: the block's FusedFeedbackLoop (its records, dropout masks and
+    pieces) or ReferenceLoop, or the step's function, fused_step or reference_step."""
+    for loop in (FusedFeedbackLoop, ReferenceLoop):
+        def block(self, *args, run=loop.__call__):
+            outputs = run(self, *args)
+            call(self)
+            return outputs
+
+        monkeypatch.setattr(loop, "__call__", block)
+    for name in ("fused_step", "reference_step"):
+        def step(*args, run=getattr(feedback_loop, name)):
+            outputs = run(*args)
+            call(run)
+            return outputs
+
+        monkeypatch.setattr(feedback_loop, name, step)
+
+
+def loop_runs(monkeypatch) -> list:
+    """What runs each block and each step of the feedback loop from now on (on_loop_runs)."""
+    ran = []
+    on_loop_runs(monkeypatch, ran.append)
+    return ran
+
+
+def loop_graph_cache(model):
+    """The feedback loop's cache of graphs itself, for the tests of what its graphs hold and
+    who owns them; any other test reads its figures, model.graph_statistics()."""
+    return model.decoder.graphed.cache
 
 
 # --- the tools, in this process ------------------------------------------------------------------

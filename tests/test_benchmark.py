@@ -160,14 +160,14 @@ def test_the_capture_is_timed_apart_from_the_steady_calls():
     filling its span): warm-up goes on until a call captures none, the
     rate comes from the steady calls alone, and the capture's cost is what
     the capturing calls took beyond them."""
-    cache = SimpleNamespace(captured=0)
-    model = SimpleNamespace(decoder=SimpleNamespace(graphed=SimpleNamespace(cache=cache)))
+    statistics = SimpleNamespace(captured=0, failed=None)
+    model = SimpleNamespace(graph_statistics=lambda: statistics)
     calls = []
 
     def work():
         calls.append(1)
         capturing = len(calls) <= 2
-        cache.captured += capturing
+        statistics.captured += capturing
         time.sleep(0.15 if capturing else 0.01)
         return 100, torch.zeros(1)
 
@@ -314,15 +314,15 @@ def test_the_first_batches_count_every_capture_and_each_new_shapes_cost():
     second pass over the batches replays (0.01 s a call): the first
     batches' rate counts all of the first pass; each of the two shapes
     cost what the first pass took beyond the second, halved."""
-    cache = SimpleNamespace(captured=0, failed=None)
-    graphed = SimpleNamespace(decoder=SimpleNamespace(graphed=SimpleNamespace(cache=cache)))
+    statistics = SimpleNamespace(captured=0, failed=None)
+    graphed = SimpleNamespace(graph_statistics=lambda: statistics)
     eager = SimpleNamespace(decoder=SimpleNamespace())
     calls = []
 
     def work():
         calls.append(1)
         capturing = len(calls) in (2, 3)
-        cache.captured += capturing
+        statistics.captured += capturing
         time.sleep(0.05 if len(calls) == 1 else 0.15 if capturing else 0.01)
         return 100, torch.zeros(1)
 

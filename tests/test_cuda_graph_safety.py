@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import (PLUGIN, assert_same_hypotheses, assert_same_loss_and_gradients, batch, loss_and_gradients,
-                     run, run_as_a_user, run_module, search, tiny_translation_model)
+from helpers import (PLUGIN, assert_same_hypotheses, assert_same_loss_and_gradients, batch, loop_graph_cache,
+                     loss_and_gradients, on_loop_runs, run, run_as_a_user, run_module, search, tiny_translation_model)
 from torch import nn
 
 from fairseq_feedback.loop.graphed_loop import GraphedFeedbackLoop
@@ -305,7 +305,8 @@ def test_a_torch_that_lacks_a_call_the_cuda_backend_needs_runs_eagerly_said_once
             graphed = training_results(model, batches)
         for got, expected in zip(graphed, eager):
             assert_same_loss_and_gradients(got, expected)
-        assert model.decoder.graphed.cache.captured == 0 and model.decoder.graphed.cache.statistics.calls == 0
+        statistics = model.graph_statistics()
+        assert statistics.captured == 0 and statistics.calls == 0
     (warning,) = warnings_of(caplog)
     assert re.fullmatch(rf"feedback loop: CUDA graph: torch \S+ lacks {re.escape(what)}, which recovering from a "
                         r"failed capture needs; CUDA graphs stay off in this process; running eagerly from now on",
@@ -366,7 +367,7 @@ def test_a_dropped_model_frees_its_graphs_at_once_not_at_the_collectors_next_run
     a dropped model's graphs go with it, whatever the collector does (left to
     it, they were freed inside a later capture on the GPU, which invalidated it)."""
     model = graphed_for_training_and_decoding()
-    cache = model.decoder.graphed.cache
+    cache = loop_graph_cache(model)
     assert any(key[0] == "decode" for key in cache.graphs) and len(cache.graphs) >= 2
     graphs = [weakref.ref(graph) for graph in recorded_graphs(cache)]
     collector = gc.isenabled()
@@ -386,7 +387,7 @@ def test_a_graphs_function_holds_the_modules_it_runs_never_the_decoder():
     without it (a function that reached the decoder by a weak reference
     would fail here)."""
     model = graphed_for_training_and_decoding()
-    cache = model.decoder.graphed.cache
+    cache = loop_graph_cache(model)
     assert {key[0] == "decode" for key in cache.graphs} == {True, False}
     decoder = weakref.ref(model.decoder)
     collector = gc.isenabled()
@@ -443,11 +444,11 @@ def test_a_new_graph_runs_one_backward_over_each_autograd_graph(layers, loop, mo
     for got, expected in zip(training_results(model, batches), eager):
         assert_same_loss_and_gradients(got, expected)
     assert backwards and len(set(map(id, backwards))) == len(backwards)
-    assert model.decoder.graphed.cache.failed is None
+    assert model.graph_statistics().failed is None
 
 
 @pytest.mark.parametrize("loop", BLOCK_BACKWARDS.values(), ids=BLOCK_BACKWARDS.keys())
-def test_in_a_graph_only_the_loop_through_autograd_takes_per_block_linear_layers(loop):
+def test_in_a_graph_only_the_loop_through_autograd_takes_per_block_linear_layers(loop, monkeypatch):
     """The fused block takes its weight gradients once per block by itself:
     per-block linear layers around it would add autograd nodes that no
     gradient reaches."""
@@ -455,11 +456,11 @@ def test_in_a_graph_only_the_loop_through_autograd_takes_per_block_linear_layers
     model, d = tiny_translation_model("--memory-span", "4", "--dropout", "0", *flags, layers=2)
     kv_proj = model.decoder.memory.kv_proj
     # within weight_gradients_per_block, a linear layer runs a per-block forward of its own (an instance attribute)
-    model.decoder.register_loop_hook(lambda runner: per_block.append("forward" in vars(kv_proj)))
+    on_loop_runs(monkeypatch, lambda runner: per_block.append("forward" in vars(kv_proj)))
     model.decoder.use_cuda_graphs("emulate")
     training_results(model, translation_batches(d))
     assert per_block and set(per_block) == {bool(flags)}
-    assert model.decoder.graphed.cache.failed is None
+    assert model.graph_statistics().failed is None
 
 
 # --- any failure gives way to the eager loop ----------------------------------------------------------
@@ -514,8 +515,9 @@ def test_a_graph_that_fails_at_any_stage_gives_the_eager_numbers_with_one_warnin
     assert "8 rows x 8 steps x 8 source positions" in warning and "running eagerly from now on" in warning
     assert re.search(WARNINGS[failure], warning), warning
     # the batches after the failure never reached the cache
-    assert model.decoder.graphed.cache.statistics.calls == (4 if failure == "later replay" else 2)
-    assert model.decoder.graphed.cache.graphs == {}
+    statistics = model.graph_statistics()
+    assert statistics.calls == (4 if failure == "later replay" else 2)
+    assert statistics.cached == 0
     torch.nn.functional.dropout(torch.ones(4), 0.5)
 
 
@@ -695,8 +697,8 @@ def test_a_second_forward_before_the_first_backward_runs_eagerly():
     model(src, lengths, prev)
     model(src, lengths, prev)
     assert_same_loss_and_gradients(twice(), eager)
-    cache = model.decoder.graphed.cache
-    assert cache.statistics.calls == 3 and cache.captured == 1 and cache.failed is None
+    statistics = model.graph_statistics()
+    assert statistics.calls == 3 and statistics.captured == 1 and statistics.failed is None
 
 
 # --- memory ---------------------------------------------------------------------------------------------
@@ -713,15 +715,15 @@ def test_the_byte_bound_counts_what_each_graph_holds_and_evicts_to_stay_under_it
     eager = training_results(model, batches)
     model.decoder.graphed = GraphedFeedbackLoop("emulate")
     training_results(model, batches[:1] * 2)
-    (first,) = model.decoder.graphed.cache.graphs.values()
+    (first,) = loop_graph_cache(model).graphs.values()
     held = sum(t.numel() * t.element_size() for t in (*first.outputs, *first.grads) if t is not None)
     assert first.nbytes > held
     model.decoder.graphed = GraphedFeedbackLoop("emulate", max_bytes=int(1.5 * first.nbytes))
     twice = [b for b in batches for _ in range(2)]
     for got, expected in zip(training_results(model, twice), [e for e in eager for _ in range(2)]):
         assert_same_loss_and_gradients(got, expected)
-    cache = model.decoder.graphed.cache
-    assert cache.captured == 4 and len(cache.graphs) < 4 and cache.nbytes() <= cache.max_bytes
+    statistics = model.graph_statistics()
+    assert statistics.captured == 4 and statistics.cached < 4 and statistics.nbytes <= statistics.max_bytes
 
 
 # --- decoding -------------------------------------------------------------------------------------------
@@ -769,8 +771,8 @@ def test_a_copy_of_the_model_captures_graphs_of_its_own():
     model.decoder.graphed = GraphedFeedbackLoop("emulate", max_graphs=3)
     training_results(model, translation_batches(d)[:2])
     copy = deepcopy(model)
-    assert copy.decoder.graphed.cache is None and copy.decoder.graphed.cache_options == {"max_graphs": 3}
-    assert model.decoder.graphed.cache.captured == 1
+    assert copy.graph_statistics() is None and copy.decoder.graphed.cache_options == {"max_graphs": 3}
+    assert model.graph_statistics().captured == 1
 
 
 # --- a real corpus, and fairseq-train ------------------------------------------------------------------

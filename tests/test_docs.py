@@ -20,59 +20,24 @@ import re
 import shlex
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import List
 
 import pytest
 from helpers import ENV, PLUGIN
+from pages import REPO, Block, fenced_blocks
+from recipes import RECIPES, bash_blocks
 
 import recipe_shims
-from test_recipes import RECIPES, bash_blocks
 
-REPO = Path(__file__).resolve().parents[1]
 DOCS = sorted((REPO / "docs").rglob("*.md"))
 COMMAND_PAGES = [REPO / "README.md", *DOCS, REPO / "examples" / "results" / "README.md"]
 LINKING_PAGES = [REPO / "README.md", REPO / "CHANGELOG.md", *DOCS, *sorted((REPO / "examples").rglob("*.md"))]
-SHELL = {"", "bash", "sh", "shell", "console"}
 MAX_TEMPLATES = 3
 # what a `tested` block's tools get (tests/recipe_shims.py applies it): the benchmark's tiny preset, on the CPU
 TINY = {"feedback-benchmark": {"set": {"--device": "cpu"}, "add": ["--preset", "tiny"]}}
 # the header rows of a tool's tables: shown in a ```text block after a tested block, the tiny run must print them
 TABLE_HEADERS = ("model ", "operator ")
-
-
-@dataclass
-class Block:
-    page: Path
-    line: int
-    language: str
-    text: str
-    marker: str  # the HTML comment on the line above, without <!-- -->; "" if none
-
-    def __str__(self):
-        return f"{self.page.relative_to(REPO)}:{self.line}"
-
-    @property
-    def is_shell(self):
-        return self.language in SHELL
-
-
-def fenced_blocks(page: Path) -> List[Block]:
-    lines = page.read_text(encoding="utf-8").splitlines()
-    blocks, i = [], 0
-    while i < len(lines):
-        opening = re.match(r"\s*```\s*([\w+-]*)\s*$", lines[i])
-        if opening:
-            end = next((j for j in range(i + 1, len(lines)) if lines[j].strip() == "```"), None)
-            assert end is not None, f"{page.relative_to(REPO)}:{i + 1}: a fence that is never closed"
-            above = lines[i - 1].strip() if i else ""
-            marker = re.fullmatch(r"<!--\s*(.*?)\s*-->", above)
-            blocks.append(Block(page, i + 1, opening.group(1), "\n".join(lines[i + 1:end]) + "\n",
-                                marker.group(1) if marker else ""))
-            i = end
-        i += 1
-    return blocks
 
 
 def shell_blocks(marker=None) -> List[Block]:

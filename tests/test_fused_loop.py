@@ -10,8 +10,8 @@ import logging
 
 import pytest
 import torch
-from helpers import (DEPTHS, assert_same_loss_and_gradients, batch, loss_and_gradients, make_dictionary, tiny_lm,
-                     tiny_translation_model)
+from helpers import (DEPTHS, assert_same_loss_and_gradients, batch, loop_runs, loss_and_gradients, make_dictionary,
+                     on_loop_runs, tiny_lm, tiny_translation_model)
 
 from fairseq_feedback.loop.fused_block import FusedFeedbackLoop, block_weighted, fused_step
 from fairseq_feedback.loop.reference import ReferenceLoop, reference_step
@@ -39,11 +39,10 @@ def through_autograd(model):
         model.decoder.use_fused_block(True)
 
 
-def fused_blocks(model):
-    """The fused blocks that `model`'s decoder runs from now on (FeedbackDecoder.register_loop_hook)."""
+def fused_blocks(monkeypatch):
+    """The fused blocks that run from now on."""
     blocks = []
-    model.decoder.register_loop_hook(lambda runner: blocks.append(runner)
-                                     if isinstance(runner, FusedFeedbackLoop) else None)
+    on_loop_runs(monkeypatch, lambda runner: blocks.append(runner) if isinstance(runner, FusedFeedbackLoop) else None)
     return blocks
 
 
@@ -85,7 +84,7 @@ def test_the_fused_block_trains_as_the_loop_through_autograd(flags, span, depth)
 @pytest.mark.parametrize("span", [4, 40], ids=["attention weights kept", "attention weights computed again"])
 @pytest.mark.parametrize("flags", [[], ["--adaptive-span", "--adaptive-span-ramp", "2"], ["--per-layer-kv"]],
                          ids=["relative positions", "adaptive span", "per-layer kv"])
-def test_a_stream_trains_block_after_block_as_through_autograd(flags, span):
+def test_a_stream_trains_block_after_block_as_through_autograd(flags, span, monkeypatch):
     """Five blocks of a stream, the memory carried (projected again by each
     block), each block's loss and gradients. Once a step reads many slots
     (here heads x slots > embed + ffn), its attention weights would take
@@ -98,7 +97,7 @@ def test_a_stream_trains_block_after_block_as_through_autograd(flags, span):
             layer.self_attn.span_mask.span_fraction.data = torch.tensor([0.3, 0.9])
     d = task.source_dictionary
     tokens, target = torch.randint(d.nspecial, len(d), (2, 3, 5 * 7))
-    ran = fused_blocks(model)
+    ran = fused_blocks(monkeypatch)
 
     def blocks():
         results = []
@@ -140,7 +139,7 @@ def test_with_dropout_the_fused_block_trains_as_the_loop_through_autograd_with_i
     trained(model).train()
     src, src_lengths, prev = batch(d)
     target = torch.randint(d.nspecial, len(d), prev.shape)
-    blocks = fused_blocks(model)
+    blocks = fused_blocks(monkeypatch)
     torch.manual_seed(0)
     model.zero_grad()
     fused = loss_and_gradients(model, lambda: model(src, src_lengths, prev)[0], target)
@@ -174,11 +173,10 @@ def test_under_layerdrop_the_fused_block_trains_the_layers_kept():
     assert min(kept) < 6
 
 
-def test_an_option_the_block_does_not_cover_runs_through_autograd_said_once(caplog):
+def test_an_option_the_block_does_not_cover_runs_through_autograd_said_once(caplog, monkeypatch):
     model, d = tiny_translation_model("--persistent-vectors", "2")
     src, src_lengths, prev = batch(d)
-    ran = []
-    model.decoder.register_loop_hook(ran.append)
+    ran = loop_runs(monkeypatch)
     with caplog.at_level(logging.INFO):
         for _ in range(2):
             model(src, src_lengths, prev)[0].sum().backward()
@@ -199,14 +197,14 @@ def test_a_second_backward_over_one_block_is_refused_with_the_reason():
 
 @pytest.mark.parametrize("flags", [["--decoder-normalize-before"], ["--no-feed-forward"]],
                          ids=["pre-norm (the memory's norm too)", "no feed-forward"])
-def test_the_blocks_parameters_and_their_gradients_follow_one_list_of_its_weighted_modules(flags):
+def test_the_blocks_parameters_and_their_gradients_follow_one_list_of_its_weighted_modules(flags, monkeypatch):
     """fused_layer.WEIGHTED names a layer's weighted modules once, for the
     layer and for its pieces alike: the parameters the block takes pair up
     with the pieces that make their gradients; a backward that made a
     gradient too few or too many would fail with the field it missed."""
     model, d = tiny_translation_model("--dropout", "0", *flags, layers=2)
     src, src_lengths, prev = batch(d)
-    blocks = fused_blocks(model)
+    blocks = fused_blocks(monkeypatch)
     model(src, src_lengths, prev)[0].sum().backward()
     (block,) = blocks
     pieces = block_weighted(block.kv_proj, block.memory_layer_norm, block.layers)
@@ -229,7 +227,7 @@ def changed_without_autograd(change):
     return hook
 
 
-# what a block's backward reads again, changed in place once its forward has run (by a loop hook)
+# what a block's backward reads again, changed in place once its forward has run (on_loop_runs)
 CHANGED_IN_PLACE = {
     "its memory vectors (an output)": lambda block: block.records.memories.mul_(2),
     "its states, which its layers' inputs are views of": lambda block: block.records.states[1].add_(1),
@@ -239,24 +237,24 @@ CHANGED_IN_PLACE = {
 
 
 @pytest.mark.parametrize("change", CHANGED_IN_PLACE.values(), ids=CHANGED_IN_PLACE.keys())
-def test_a_backward_over_what_was_changed_in_place_since_the_forward_is_refused(change):
+def test_a_backward_over_what_was_changed_in_place_since_the_forward_is_refused(change, monkeypatch):
     """The block's backward reads the records its forward wrote (views of
     its outputs) and some of its inputs again: changed in place in between,
     they would give a wrong gradient with no error. Autograd refuses instead
     (the states, whose view the block hands out, as soon as that view is read)."""
     model, d = tiny_translation_model("--dropout", "0")
     src, src_lengths, prev = batch(d)
-    model.decoder.register_loop_hook(changed_without_autograd(change))
+    on_loop_runs(monkeypatch, changed_without_autograd(change))
     with pytest.raises(RuntimeError, match="modified (by an )?inplace"):
         model(src, src_lengths, prev)[0].sum().backward()
 
 
-def test_decoding_without_gradients_records_nothing_for_a_backward():
+def test_decoding_without_gradients_records_nothing_for_a_backward(monkeypatch):
     """Evaluation and search run the block's forward alone."""
     d = make_dictionary()
     model, _ = tiny_lm(dictionary=d)
     model.eval()
-    blocks = fused_blocks(model)
+    blocks = fused_blocks(monkeypatch)
     with torch.no_grad():
         model(torch.randint(d.nspecial, len(d), (2, 5)))
     (block,) = blocks
@@ -265,7 +263,7 @@ def test_decoding_without_gradients_records_nothing_for_a_backward():
 
 
 @pytest.mark.parametrize("flags", [[], ["--persistent-vectors", "2"]], ids=["fused", "not covered"])
-def test_a_graphed_search_step_runs_the_fused_layers_where_they_cover_the_options(flags):
+def test_a_graphed_search_step_runs_the_fused_layers_where_they_cover_the_options(flags, monkeypatch):
     """Graphed decoding's step (FeedbackLoop.step; an eager
     search runs the fused block) runs fused_step, and reference_step
     where the fused layers do not cover an option."""
@@ -273,8 +271,7 @@ def test_a_graphed_search_step_runs_the_fused_layers_where_they_cover_the_option
     model.eval()
     model.decoder.use_cuda_graphs("emulate")
     src, src_lengths, prev = batch(d)
-    ran = []
-    model.decoder.register_loop_hook(ran.append)
+    ran = loop_runs(monkeypatch)
     state = {}
     encoder_out = model.encoder(src, src_lengths=src_lengths)
     with torch.no_grad():
@@ -282,4 +279,4 @@ def test_a_graphed_search_step_runs_the_fused_layers_where_they_cover_the_option
             model.decoder(prev[:, : t + 1], encoder_out=encoder_out, incremental_state=state)
     used, unused = (reference_step, fused_step) if flags else (fused_step, reference_step)
     assert ran.count(used) >= prev.size(1) and unused not in ran
-    assert model.decoder.graphed.cache.failed is None
+    assert model.graph_statistics().failed is None

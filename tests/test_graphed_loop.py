@@ -72,7 +72,7 @@ def test_translation_at_bucketed_shapes_trains_as_the_eager_loop(flags, depth):
     graphed = run(accumulate=False) + run(accumulate=True)[-1:]
     for got, expected in zip(graphed, eager):
         assert_same_loss_and_gradients(got, expected)
-    assert model.decoder.graphed.cache.captured == 2  # 8x8x8, and 8 rows x 8 x 16 source positions
+    assert model.graph_statistics().captured == 2  # 8x8x8, and 8 rows x 8 x 16 source positions
 
 
 def test_training_under_layerdrop_runs_eagerly_with_one_warning(caplog):
@@ -97,11 +97,11 @@ def test_training_under_layerdrop_runs_eagerly_with_one_warning(caplog):
     assert [r.message for r in caplog.records].count(
         "feedback loop: LayerDrop leaves out other layers at every block; "
         "training blocks run eagerly, without CUDA graphs") == 1
-    assert model.decoder.graphed.cache.statistics.calls == 0
+    assert model.graph_statistics().calls == 0
     model.eval()
     with torch.no_grad():
         model(src, src_lengths, prev)
-    assert model.decoder.graphed.cache.statistics.calls == 1
+    assert model.graph_statistics().calls == 1
 
 
 @pytest.mark.parametrize("flags", [[], ["--per-layer-kv"], ["--adaptive-span", "--adaptive-span-ramp", "2"]],
@@ -173,9 +173,9 @@ def test_beam_search_over_the_static_memory_equals_the_eager_search(flags, span,
     assert {capacity for _, capacity, _ in memories} == ({16, 32} if span > 16 else {span + 1})
     assert {rows for rows, _, _ in memories} == {80}
     # a second search reuses the static memories (and so, on a GPU, the graphs)
-    captured = model.decoder.graphed.cache.captured
+    captured = model.graph_statistics().captured
     assert_same_hypotheses(search(model, d, args, sample), eager)
-    assert model.decoder.graphed.cache.captured == captured
+    assert model.graph_statistics().captured == captured
 
 
 def test_searches_of_many_shapes_keep_every_graph_still_cached_valid():
@@ -192,11 +192,11 @@ def test_searches_of_many_shapes_keep_every_graph_still_cached_valid():
         src, src_lengths, _ = batch(d, rows=sentences, src_len=src_len)
         samples[sentences, src_len] = {"net_input": {"src_tokens": src, "src_lengths": src_lengths}}
         search(model, d, args, samples[sentences, src_len])
-    cache, decoding = model.decoder.graphed.cache, model.decoder.graphed.decoding
-    assert len(decoding.encoders) > CACHED_DECODING_BUFFERS and cache.captured == len(cache.graphs)
-    captured = cache.captured
+    statistics = model.graph_statistics()
+    assert len(model.decoder.graphed.decoding.encoders) > CACHED_DECODING_BUFFERS
+    assert statistics.captured == statistics.cached
     graphed = search(model, d, args, samples[shapes[0]])
-    assert cache.captured == captured and cache.failed is None
+    assert model.graph_statistics().captured == statistics.captured and model.graph_statistics().failed is None
     model.decoder.use_cuda_graphs("off")
     assert_same_hypotheses(graphed, search(model, d, args, samples[shapes[0]]))
 

@@ -12,8 +12,8 @@ import re
 import pytest
 import torch
 from fairseq import search as search_module
-from helpers import (assert_same_hypotheses, batch, loss_and_gradients, make_dictionary, run, run_module, search,
-                     tiny_lm, tiny_translation_model)
+from helpers import (assert_same_hypotheses, batch, loop_graph_cache, loss_and_gradients, make_dictionary, run,
+                     run_module, search, tiny_lm, tiny_translation_model)
 
 from fairseq_feedback.loop.graphed_loop import GraphedFeedbackLoop
 from fairseq_feedback.cuda_graphs import CudaGraphBackend, GraphCache
@@ -57,7 +57,7 @@ def graphs(model, device, mode=None, **bounds):
 
 def assert_no_fallback(*models):
     for model in models:
-        assert model.decoder.graphed.cache.failed is None, model.decoder.graphed.cache.failed
+        assert model.graph_statistics().failed is None, model.graph_statistics().failed
 
 
 def assert_graphs_equal_eager(model, device, results, precision, seed=None):
@@ -130,7 +130,7 @@ def test_graphed_translation_training_equals_eager(flags, device, dtype, autocas
         return out
 
     assert_graphs_equal_eager(model, device, results, autocast or dtype)
-    assert model.decoder.graphed.cache.captured == 2
+    assert model.graph_statistics().captured == 2
 
 
 @pytest.mark.parametrize("device, mode", [pytest.param("cpu", "emulate", id="cpu"),
@@ -156,10 +156,10 @@ def test_graphed_training_with_dropout_equals_eager_at_the_padded_shapes(device,
     graphs(model, device, mode)
     replayed = results()
     assert_no_fallback(model)
-    assert model.decoder.graphed.cache.captured == 1
+    assert model.graph_statistics().captured == 1
     graphs(model, device, mode, max_graphs=0)  # every block eagerly, at the graphs' shapes
     padded = results()
-    assert model.decoder.graphed.cache.captured == 0 and model.decoder.graphed.cache.statistics.calls == 0
+    assert model.graph_statistics().captured == 0 and model.graph_statistics().calls == 0
     for got, want in zip(replayed, padded):
         assert_close(got, want, 1e-5)
 
@@ -216,7 +216,7 @@ def test_models_dropped_between_captures_never_invalidate_a_later_capture(device
         tokens = torch.randint(d.nspecial, len(d), (2, 7), device=device)
         for _ in range(2):
             lm(tokens)[0].sum().backward()
-        assert lm.decoder.graphed.cache.captured == 1
+        assert lm.graph_statistics().captured == 1
         del lm
     model, d = tiny_translation_model("--memory-span", "4", "--dropout", "0.1", layers=2, dictionary=d)
     model = model.to(device).train()
@@ -224,7 +224,7 @@ def test_models_dropped_between_captures_never_invalidate_a_later_capture(device
     (src, lengths, prev), = translation_batches(d, device, ((3, 5, 7),))[0]
     for _ in range(2):
         model(src, lengths, prev)[0].sum().backward()
-    assert model.decoder.graphed.cache.captured == 1
+    assert model.graph_statistics().captured == 1
     assert_no_fallback(model)
     torch.randint(10, (3,), device=device)
 
@@ -246,7 +246,7 @@ def test_a_capture_while_earlier_losses_hold_the_parameters_accumulate_grad_node
         loss = model(src, lengths, prev)[0].float().pow(2).sum()
         loss.backward(retain_graph=True)
         held.append(loss)
-    assert model.decoder.graphed.cache.captured == 1
+    assert model.graph_statistics().captured == 1
     assert_no_fallback(model)
 
 
@@ -309,7 +309,7 @@ def test_graphs_replayed_in_any_order_from_a_small_cache_with_evaluation_and_dec
         else:
             torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     assert_no_fallback(model)
-    assert len(model.decoder.graphed.cache.graphs) <= 2
+    assert model.graph_statistics().cached <= 2
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -330,7 +330,7 @@ def test_gradient_accumulation_keeps_parameters_grads_apart_from_the_graphs_buff
     expected = accumulated()
     graphs(model, device)
     assert_close(accumulated(), expected, 1e-5)
-    buffers = {g.untyped_storage().data_ptr() for graphed in model.decoder.graphed.cache.graphs.values()
+    buffers = {g.untyped_storage().data_ptr() for graphed in loop_graph_cache(model).graphs.values()
                for g in graphed.grads if g is not None}
     assert buffers and not any(p.grad.untyped_storage().data_ptr() in buffers
                                for p in model.parameters() if p.grad is not None)
@@ -359,7 +359,7 @@ def test_graphed_stream_of_three_blocks_equals_eager(device, dtype):
         return out
 
     assert_graphs_equal_eager(model, device, results, dtype)
-    assert model.decoder.graphed.cache.captured == 1
+    assert model.graph_statistics().captured == 1
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -380,7 +380,7 @@ def test_graphed_beam_search_and_sampling_equal_eager(device):
         expected = search(m, d, args, s, seed=1)
         graphs(m, device)
         assert_same_hypotheses(search(m, d, args, s, seed=1), expected)
-        assert m.decoder.graphed.cache.captured > 0
+        assert m.graph_statistics().captured > 0
         assert_no_fallback(m)
 
 

@@ -12,7 +12,7 @@ launch, no --fp16; see that module). Before a block that trains, the
 forms are alternatives that a user runs one of; not before a block that
 finetunes (the recipe's `finetunes`), which continues the checkpoints that
 the trainings before it left. The only edits of the README's text are each
-recipe's `substitutions` below, each of which must match: the raw data comes
+recipe's `substitutions` (tests/recipes.py), each of which must match: the raw data comes
 from the fixture folder instead of the internet.
 So a README edit that breaks a command fails here.
 
@@ -33,144 +33,20 @@ import shlex
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List
+from typing import Dict, List
 
 import pytest
 import torch
 from helpers import PLUGIN
+from recipes import RECIPES, TABLE9, TABLE9_TOY, Recipe, bash_blocks, overrides
 
-import data_prep_fixtures as fx
 import recipe_shims
 from fairseq_feedback_cli.toy_scoring import METRICS
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE_TIMEOUT = 1200  # stops a hung recipe; the toy recipe passed 600 s on 2 cores shared with another run
-
-
-# ------------------------------------------------------------ the recipes
-
-TRANSLATION_TINY = ["--encoder-layers", 1, "--decoder-layers", 1, "--encoder-embed-dim", 16, "--decoder-embed-dim", 16,
-                    "--encoder-ffn-embed-dim", 32, "--decoder-ffn-embed-dim", 32, "--encoder-attention-heads", 2,
-                    "--decoder-attention-heads", 2]
-LM_TINY = ["--decoder-layers", 2, "--decoder-embed-dim", 16, "--decoder-ffn-embed-dim", 32,
-           "--decoder-attention-heads", 2, "--adaptive-input-cutoff", "20,40", "--adaptive-softmax-cutoff", "20,40"]
-# the Debian LM recipe's three models, all given these sizes (fairseq's transformer_lm needs its input
-# and output dims too); no adaptive softmax: it has none
-SAME_SIZE_LM_TINY = ["--decoder-layers", 2, "--decoder-embed-dim", 16, "--decoder-ffn-embed-dim", 32,
-                     "--decoder-attention-heads", 2, "--decoder-input-dim", 16, "--decoder-output-dim", 16]
-TOY_TINY = ["--decoder-layers", 2, "--decoder-embed-dim", 16, "--decoder-ffn-embed-dim", 32,
-            "--decoder-attention-heads", 2, "--memory-span", 16]
-# the README's --log-format stays (the curves read json logs); without one, fairseq logs simple lines off a terminal
-CPU_TRAIN = ["--cpu", "--num-workers", 0, "--required-batch-size-multiple", 1, "--log-interval", 1, "--seed", 1]
-
-
-def overrides(tiny_model, **train_set):
-    return {
-        "fairseq-train": {"drop": ["--fp16"], "add": CPU_TRAIN + tiny_model,
-                          "set": {"--max-update": 10, "--update-freq": 1, **train_set}},
-        "fairseq-generate": {"add": ["--cpu"]},
-        "fairseq-eval-lm": {"add": ["--cpu"], "set": {"--tokens-per-sample": 64, "--max-tokens": 128,
-                                                      "--context-window": 32}},
-    }
-
-
-# the small model's depth, for --memory-composition layer:3
-ABLATIONS_TINY = overrides([*LM_TINY, "--decoder-layers", 4], **{"--batch-size": 4, "--tokens-per-sample": 64,
-                           "--max-tokens": 128, "--max-update": 2, "--persistent-vectors": 8})
-
-
-@dataclass
-class Recipe:
-    name: str
-    write_raw: Callable[[Path], dict]
-    substitutions: List[tuple]  # (text of the README, what the test runs instead); {raw}: the fixture folder
-    overrides: dict
-    paper: Dict[str, dict] = field(default_factory=dict)  # arch -> options fairseq-train must end up with
-    tokens_per_update: int = 0  # translation: GPUs x --max-tokens x --update-freq, the same in every form
-    streams_per_update: int = 0  # language models: GPUs x --batch-size x --update-freq
-    # a training block starts from an empty --save-dir (the README's launch forms are alternatives),
-    # unless the recipe's runs continue from their checkpoints by design
-    fresh_save_dirs: bool = True
-    # text of the README's block that finetunes: it continues the checkpoints the trainings left in its --save-dirs
-    finetunes: str = ""
-
-
-def _prepare(script):
-    command = f"python -m fairseq_feedback_cli.data_prep.{script}"
-    return command, f"{command} --raw {{raw}} --workers 1"
-
-
-TABLE8 = {
-    "feedback_transformer_iwslt_de_en": dict(encoder_layers=6, decoder_layers=6, encoder_embed_dim=512,
-                                             decoder_embed_dim=512, decoder_ffn_embed_dim=1024,
-                                             decoder_attention_heads=4, dropout=0.3, lr=[0.0005]),
-    "feedback_transformer_wmt_en_de_big": dict(encoder_layers=6, decoder_layers=6, encoder_embed_dim=1024,
-                                               decoder_embed_dim=1024, decoder_ffn_embed_dim=4096,
-                                               decoder_attention_heads=16, dropout=0.3, lr=[0.001]),
-    "feedback_transformer": dict(encoder_layers=6, decoder_layers=6, encoder_embed_dim=512, decoder_embed_dim=512,
-                                 decoder_ffn_embed_dim=2048, decoder_attention_heads=8, dropout=0.3, lr=[0.0005]),
-}
-# the Debian de-en recipe: Table 8's IWSLT sizes for both models, decoders of 1, 2 and 6 layers
-IWSLT_BUT_DEPTH = {k: v for k, v in TABLE8["feedback_transformer_iwslt_de_en"].items() if k != "decoder_layers"}
-TABLE9_TOY = dict(arch="feedback_lm_toy", decoder_embed_dim=256, decoder_ffn_embed_dim=1024, decoder_attention_heads=4,
-                  memory_span=100, dropout=0.2, tokens_per_sample=64, batch_size=512, lr=[0.0001], clip_norm=0.1,
-                  warmup_updates=1000, optimizer="adam", lr_scheduler="fixed", decoder_normalize_before=True,
-                  relative_positions=True, labels="labels")
-TABLE9 = {
-    "feedback_lm_wiki103": dict(decoder_layers=4, decoder_embed_dim=512, decoder_ffn_embed_dim=4096,
-                                decoder_attention_heads=8, head_dim=128, memory_span=512, dropout=0.1,
-                                tokens_per_sample=256, lr=[0.0007], clip_norm=0.1, warmup_updates=8000),
-    "feedback_lm_wiki103_large": dict(decoder_layers=8, decoder_embed_dim=1024, decoder_ffn_embed_dim=4096,
-                                      decoder_attention_heads=8, memory_span=2048, adaptive_span=True, dropout=0.3,
-                                      tokens_per_sample=256, lr=[0.0007], clip_norm=0.1, warmup_updates=8000),
-}
-
-RECIPES = {
-    r.name: r for r in (
-        Recipe("iwslt14_de_en", fx.write_iwslt, [_prepare("prepare_iwslt14_de_en")],
-               overrides(TRANSLATION_TINY, **{"--max-tokens": 4096}),
-               paper={"feedback_transformer_iwslt_de_en": TABLE8["feedback_transformer_iwslt_de_en"]},
-               tokens_per_update=4096),
-        Recipe("wmt14_en_de", fx.write_wmt,
-               [_prepare("prepare_wmt14_en_de"),
-                ("data-raw/wmt14_en_de/extracted/test-full.tgz/test-full/", "{raw}/test-full/")],
-               overrides(TRANSLATION_TINY, **{"--max-tokens": 4096}),
-               paper={"feedback_transformer_wmt_en_de_big": TABLE8["feedback_transformer_wmt_en_de_big"]},
-               tokens_per_update=8 * 3584 * 16),
-        Recipe("cnn_dm", fx.write_cnn_dm, [_prepare("prepare_cnn_dm")],
-               overrides(TRANSLATION_TINY, **{"--max-tokens": 20000}),
-               paper={"feedback_transformer": TABLE8["feedback_transformer"]},
-               tokens_per_update=8 * 4096),
-        # warm-up over within the tiny training, as at 200,000 updates: the finetuning's rate is its --lr
-        Recipe("wikitext103", fx.write_wikitext, [_prepare("prepare_wikitext103")],
-               overrides(LM_TINY, **{"--batch-size": 4, "--tokens-per-sample": 64, "--max-tokens": 128,
-                                     "--warmup-updates": 2}),
-               paper=TABLE9, streams_per_update=512, finetunes="--lr 0.00007 --max-update 210000"),
-        # the WikiText-103 recipe's 8-GPU command with one thing changed: 14 models, so each trains 2 updates
-        # in one CPU worker (the WikiText-103 recipe's test runs that command on two)
-        Recipe("ablations", fx.write_wikitext, [_prepare("prepare_wikitext103")],
-               dict(ABLATIONS_TINY, **{"fairseq-train": dict(ABLATIONS_TINY["fairseq-train"], workers=1)}),
-               fresh_save_dirs=False),
-        Recipe("debian_de_en", fx.write_debian_de_en, [_prepare("prepare_debian_de_en")],
-               overrides(TRANSLATION_TINY, **{"--max-tokens": 4096}),
-               paper={"feedback_transformer_iwslt_de_en": IWSLT_BUT_DEPTH, "transformer_iwslt_de_en": IWSLT_BUT_DEPTH},
-               tokens_per_update=4096),
-        Recipe("debian_docs", fx.write_debian_docs, [_prepare("prepare_debian_docs")],
-               overrides(SAME_SIZE_LM_TINY, **{"--batch-size": 4, "--tokens-per-sample": 64})),
-        Recipe("toy", lambda raw: {},
-               [("UPDATES=50000", "UPDATES=4"), ("EVERY=1000 ", "EVERY=2 "),
-                ("--out data-raw/toy/$name", "--train 12 --valid 2 --test 3 --out data-raw/toy/$name")],
-               {"fairseq-train": {"add": CPU_TRAIN + TOY_TINY, "set": {"--batch-size": 4, "--tokens-per-sample": 16}},
-                "feedback-evaluate-toy": {"add": ["--cpu"], "set": {"--batch-size": 4}}},
-               fresh_save_dirs=False),
-    )
-}
-
-
-def bash_blocks(readme: Path) -> List[str]:
-    return re.findall(r"^```bash\n(.*?)^```", readme.read_text(encoding="utf-8"), flags=re.M | re.S)
 
 
 def script_of(recipe: Recipe, raw: Path) -> str:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from conftest import CORE
 from packaging.requirements import Requirement
-from test_docs import fenced_blocks
+from pages import fenced_blocks
 
 ROOT = Path(__file__).parent.parent
 

@@ -7,7 +7,8 @@ torch.cuda.make_graphed_callables takes a callable and sample arguments).
     GraphCache(key, fn, inputs, params)          graph_cache.py: graphs by shape key, bounded in number
         |                                        and bytes; a key's first sighting runs eagerly, its
         |                                        second captures; gives up at the first failure
-        +-- CacheStatistics                      statistics.py: the hit rate, and the line the log shows
+        +-- CacheStatistics                      statistics.py: the hit rate, and the line the log shows;
+        |                                        GraphStatistics, the cache's figures (GraphCache.summary)
         +-- PoolLedger                           pool_ledger.py: the pool's replays, and the forward that
         |                                        awaits its backward (then every call runs eagerly)
         |
@@ -35,6 +36,7 @@ from .buckets import bucket, bucket_wide
 from .failure import GraphFailure
 from .graph_cache import GraphCache
 from .graphed_function import GraphedFunction, autocast_dtype
+from .statistics import GraphStatistics
 
-__all__ = ["CudaGraphBackend", "GraphCache", "GraphFailure", "GraphedFunction", "RecordedGraphBackend",
-           "autocast_dtype", "bucket", "bucket_wide"]
+__all__ = ["CudaGraphBackend", "GraphCache", "GraphFailure", "GraphStatistics", "GraphedFunction",
+           "RecordedGraphBackend", "autocast_dtype", "bucket", "bucket_wide"]

@@ -30,7 +30,7 @@ from .checks import FULLY_CHECKED
 from .failure import GraphFailure
 from .graphed_function import GraphedFunction
 from .pool_ledger import PoolLedger
-from .statistics import CacheStatistics
+from .statistics import CacheStatistics, GraphStatistics
 
 logger = logging.getLogger(__name__)
 
@@ -137,6 +137,11 @@ class GraphCache:
     def eager_passes(self) -> int:
         """Eager passes the cached graphs cost beyond their calls' own (captures and checks)."""
         return sum(g.eager_passes for g in self.graphs.values())
+
+    def summary(self) -> GraphStatistics:
+        return GraphStatistics(captured=self.captured, cached=len(self.graphs), nbytes=self.nbytes(),
+                               max_bytes=self.max_bytes, calls=self.statistics.calls, hits=self.statistics.hits,
+                               eager_passes=self.eager_passes(), failed=self.failed)
 
     def _give_up_if_the_last_graph_failed(self) -> None:
         """The graph called last failed in its call, or in its backward since

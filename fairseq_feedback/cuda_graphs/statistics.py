@@ -1,7 +1,8 @@
 """How a graph cache does: the line logged after every epoch and validation,
-and the hit rate under which graphs do not pay."""
+the hit rate under which graphs do not pay, and its figures for a program to read."""
 
 import collections
+from dataclasses import dataclass
 from typing import Hashable, Optional
 
 # a hit rate under LOW_HIT_RATE over HIT_WINDOW lookups means shapes vary too much for graphs to pay
@@ -33,3 +34,17 @@ class CacheStatistics:
         line = f"graph cache | keys {len(self.keys)} | calls {self.calls} | hits {self.hits} | hit rate {rate:.1f}%"
         self.calls = self.hits = 0
         return line
+
+
+@dataclass(frozen=True)
+class GraphStatistics:
+    """What a graph cache has done, as it stands (GraphCache.summary)."""
+
+    captured: int  # graphs captured since the cache was made
+    cached: int  # graphs it holds now
+    nbytes: int  # what those hold (static tensors, and what their captures left alive)
+    max_bytes: int  # the bound on nbytes
+    calls: int  # calls since the last line logged (after every epoch and validation)
+    hits: int  # of those, the calls replayed from a cached graph
+    eager_passes: int  # eager passes the cached graphs cost beyond their calls' own (captures and checks)
+    failed: Optional[str]  # why every call now runs eagerly (None: graphs serve)

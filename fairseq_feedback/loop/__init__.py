@@ -40,6 +40,6 @@ each piece against autograd: tests/test_loop_pieces.py).
 Calls go one way: the decoder calls into this package, and nothing here
 calls the decoder or holds it. A graphed runner knows shapes, buckets and
 its cache; what it replays is a FeedbackLoop's function, which holds the
-modules it runs (and the decoder's loop hooks), so that a graph, owned by a
-cache that the decoder owns, leads back to neither.
+modules it runs, so that a graph, owned by a cache that the decoder owns,
+leads back to neither.
 """

@@ -9,12 +9,11 @@ capture them as torch.cuda.make_graphed_callables captures a callable.
 
 A captured function lives as long as its graph, and its graph as long as
 the cache that the decoder owns: so a FeedbackLoop holds the modules it
-runs and the decoder's loop hooks (a dict of the caller's functions), never
-the decoder, so that nothing of a graph leads back to its cache.
+runs, never the decoder, so that nothing of a graph leads back to its cache.
 """
 
 import contextlib
-from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -28,21 +27,18 @@ from .fused_block import FusedFeedbackLoop, fused_step
 from .reference import ReferenceLoop, memory_views, persistent_vectors, reference_step
 
 Layers = Sequence[Optional[MemoryDecoderLayer]]  # None where LayerDrop left a layer out
-LoopHooks = Dict[int, Callable]  # FeedbackDecoder.register_loop_hook's
 
 
 class FeedbackLoop:
     """The loop over `layers` reading the last `span` slots of the memory
     (at most `memory_span`, --memory-span). `fused`: whether the fused block
     (fused_block.py) runs it, or the reference loop through autograd
-    (reference.py; fallback.py says why). `hooks`: called with what ran each
-    block and step."""
+    (reference.py; fallback.py says why)."""
 
     def __init__(self, memory: FeedbackMemory, layers: Layers, span: int, memory_span: int,
-                 key_positions: Optional[nn.Parameter], fused: bool, hooks: LoopHooks):
+                 key_positions: Optional[nn.Parameter], fused: bool):
         self.memory, self.layers, self.span, self.memory_span = memory, list(layers), span, memory_span
         self.key_positions, self.fused = key_positions, fused
-        self.hooks = hooks
 
     def parameters(self) -> List[nn.Parameter]:
         """Every parameter the loop reads."""
@@ -81,9 +77,7 @@ class FeedbackLoop:
         positions = None if self.key_positions is None else full_window.positions(self.key_positions)[0]
         loop = (FusedFeedbackLoop if self.fused else ReferenceLoop)(
             self.memory, self.layers, buffer, window, span, positions, span_biases, weights)
-        outputs, memories = loop(x, encoder_kv, encoder_bias)
-        self._ran(loop)
-        return outputs, memories
+        return loop(x, encoder_kv, encoder_bias)
 
     def block_from(self, x: Tensor, initial: Tensor, encoder_kv: Optional[Tensor], encoder_bias: Optional[Tensor],
                    *parameters: Tensor) -> Tuple[Tensor, Tensor]:
@@ -137,9 +131,4 @@ class FeedbackLoop:
         step = fused_step if searching and self.fused else reference_step
         h, m = step(x, views, self.layers, per_layer(encoder_kv, len(self.layers)), encoder_bias, self.memory,
                     self.memory.mixing_weights())
-        self._ran(step)
         return h, self.memory.project(m.unsqueeze(0))
-
-    def _ran(self, runner) -> None:
-        for hook in self.hooks.values():
-            hook(runner)

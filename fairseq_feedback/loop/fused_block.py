@@ -150,10 +150,10 @@ class FusedFeedbackLoop:
     in the buffer's layout, slots first, they ran several times slower).
     The buffer gets the new slots at the end of the block.
 
-    Once called, a block shows (FeedbackDecoder.register_loop_hook) whether
-    it records for a backward (`recording`), its dropout masks (`records`:
-    BlockRecords' masks and activation_masks), and whether its attention
-    keeps its weights for the backward (`keep_probs`)."""
+    Once called, a block shows whether it records for a backward
+    (`recording`), its dropout masks (`records`: BlockRecords' masks and
+    activation_masks), and whether its attention keeps its weights for the
+    backward (`keep_probs`)."""
 
     def __init__(self, memory, layers: Sequence, buffer: KeyValueBuffer, window: Tuple[Tensor, ...], span: int,
                  positions: Optional[Tensor], span_biases: Sequence[Optional[Tensor]], weights: Tensor):

@@ -31,7 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..cuda_graphs import CudaGraphBackend, GraphCache, RecordedGraphBackend, autocast_dtype, bucket, bucket_wide
+from ..cuda_graphs import (CudaGraphBackend, GraphCache, GraphStatistics, RecordedGraphBackend, autocast_dtype,
+                           bucket, bucket_wide)
 from .graphed_decoding import GraphedDecoding
 
 logger = logging.getLogger(__name__)
@@ -119,6 +120,10 @@ class GraphedFeedbackLoop:
     def log_statistics(self) -> None:
         if self.cache is not None:
             self.cache.log_statistics()
+
+    def statistics(self) -> Optional[GraphStatistics]:
+        """The cache's figures (None: not made yet, or never on this device)."""
+        return None if self.cache is None else self.cache.summary()
 
     @staticmethod
     def block_shape(rows: int, steps: int, source_positions: Optional[int]):

@@ -20,12 +20,10 @@ the decoder.
 """
 
 import logging
-from collections import OrderedDict
-from typing import Callable, Dict, Optional
+from typing import Dict, Optional
 
 import torch
 from torch import Tensor
-from torch.utils.hooks import RemovableHandle
 
 from ..loop import fallback
 from ..loop.feedback_loop import FeedbackLoop, Layers
@@ -50,7 +48,6 @@ class FeedbackDecoder(MemoryDecoder):
         self.use_cuda_graphs("off" if cfg.no_cuda_graphs else str(cfg.cuda_graphs))
         self.use_fused_block(True)
         self.unfused_options = unfused_options(cfg)
-        self.loop_hooks: Dict[int, Callable] = OrderedDict()
         self.unfused_reasons_said = set()  # _log_unfused says each once
 
     def use_cuda_graphs(self, mode: str) -> None:
@@ -66,16 +63,6 @@ class FeedbackDecoder(MemoryDecoder):
         loop step by step through autograd (loop/reference.py), the same
         outputs and gradients in more operators."""
         self.fused_block_enabled = use
-
-    def register_loop_hook(self, hook: Callable) -> RemovableHandle:
-        """hook(runner), called after each block and each graphed decoding
-        step (FeedbackLoop.block, .step) with what ran it: the block's FusedFeedbackLoop (its
-        dropout masks, what it recorded: see there) or ReferenceLoop, or the
-        step's function, fused_step or reference_step. The handle's
-        remove() takes the hook away, as for nn.Module's hooks."""
-        handle = RemovableHandle(self.loop_hooks)
-        self.loop_hooks[handle.id] = hook
-        return handle
 
     def decode(self, x, layers, encoder_kv, encoder_bias, incremental_state: Optional[IncrementalState] = None,
                stream_state: Optional[Dict[str, Tensor]] = None):
@@ -151,8 +138,7 @@ class FeedbackDecoder(MemoryDecoder):
         there is an `unfused_reason` (said once)."""
         if unfused_reason is not None:
             self._log_unfused(unfused_reason)
-        return FeedbackLoop(self.memory, layers, span, self.span, self.key_positions, fused=unfused_reason is None,
-                            hooks=self.loop_hooks)
+        return FeedbackLoop(self.memory, layers, span, self.span, self.key_positions, fused=unfused_reason is None)
 
     def unfused_reason(self, layers: Layers, device_type: str,
                        buffer: Optional[KeyValueBuffer] = None) -> Optional[str]:

@@ -7,6 +7,7 @@ from typing import Optional
 from fairseq.models import ARCH_MODEL_REGISTRY
 from fairseq.tasks.language_modeling import LanguageModelingTask
 
+from ..cuda_graphs import GraphStatistics
 from ..errors import FeedbackUsageError
 from ..safe_checkpoints import fairseq_checkpoints_allowed
 from .feedback_decoder import FeedbackDecoder
@@ -39,6 +40,14 @@ class PluginModel:
     def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
         check_dictionary_sizes(self, state_dict)
         return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
+
+    def graph_statistics(self) -> Optional[GraphStatistics]:
+        """What the CUDA graphs of the feedback loop have done: graphs captured
+        and held, their bytes, calls and hits, why they gave up. None where the
+        loop runs eagerly: --cuda-graphs off, the Transformer baseline, or no
+        call yet (or none on a device that replays graphs)."""
+        graphed = getattr(self.decoder, "graphed", None)
+        return None if graphed is None else graphed.statistics()
 
 
 def check_model_and_task(model, task) -> None:
