@@ -21,6 +21,8 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._device import _device_constructors
 
 from fairseq_feedback_cli import benchmark
+from fairseq_feedback_cli.benchmark import breakdown, graphs, measure, operators, tables, workloads
+from fairseq_feedback_cli.sizes import PRESETS
 
 
 class FactoriesNameTheirDevice(TorchFunctionMode):
@@ -86,7 +88,7 @@ def table_rows(out):
 
 def plain_adam(model):
     """The optimizer the benchmark once stepped fp16 weights with."""
-    return benchmark.TorchAdam([p for p in model.parameters() if p.requires_grad])
+    return workloads.TorchAdam([p for p in model.parameters() if p.requires_grad])
 
 
 def test_the_benchmark_runs_on_the_same_builders(runs):
@@ -117,24 +119,24 @@ def test_half_precision_keeps_fp32_master_weights_as_fairseq_does():
     d = make_dictionary()
     src, tgt = torch.randint(d.nspecial, len(d), (2, 8, 6))
     steps = {}
-    for name, optimizer_for in (("plain Adam", plain_adam), ("fairseq", benchmark.optimizer_for)):
+    for name, optimizer_for in (("plain Adam", plain_adam), ("fairseq", workloads.optimizer_for)):
         model, _ = tiny_translation_model(arch="transformer")
         model.half()
         before = [p.detach().clone() for p in model.parameters()]
-        with mock.patch.object(benchmark, "optimizer_for", optimizer_for):
-            benchmark.translation_training(model, d, src, tgt)()
+        with mock.patch.object(workloads, "optimizer_for", optimizer_for):
+            workloads.translation_training(model, d, src, tgt)()
         steps[name] = before, list(model.parameters())
     assert not all(torch.isfinite(p).all() for p in steps["plain Adam"][1])
     before, after = steps["fairseq"]
     assert all(torch.isfinite(p).all() for p in after)
     assert any(not torch.equal(a, b) for a, b in zip(after, before))
-    assert isinstance(benchmark.optimizer_for(model).optimizer, FP16Optimizer)
+    assert isinstance(workloads.optimizer_for(model).optimizer, FP16Optimizer)
 
 
 def test_results_that_are_not_finite_end_the_run_in_one_line_naming_the_model_and_the_phase(capsys):
     """fp16 weights stepped by a plain Adam (as the benchmark once did) turn
     NaN: no rate is printed, and the one line names the model and phase."""
-    with mock.patch.object(benchmark, "optimizer_for", plain_adam), pytest.raises(SystemExit) as stopped:
+    with mock.patch.object(workloads, "optimizer_for", plain_adam), pytest.raises(SystemExit) as stopped:
         benchmark.main(["--preset", "tiny", "--threads", "1", "--dtype", "fp16", "--only", "lm"])
     assert re.fullmatch(r"error: transformer_lm: training gave values that are not finite, .*", str(stopped.value))
     assert "\n" not in str(stopped.value)
@@ -147,12 +149,12 @@ def test_weights_that_are_not_finite_stop_a_search_before_it_starts():
     model, _ = tiny_translation_model()
     src, lengths = torch.randint(4, 24, (2, 5)), torch.full((2,), 5)
     forward = lambda: model(src, lengths, src)[0]  # noqa: E731
-    benchmark.check_before_search("feedback_transformer", "beam search", model, forward)
+    measure.check_before_search("feedback_transformer", "beam search", model, forward)
     with torch.no_grad():
         model.decoder.layers[0].fc1.weight[0, 0] = float("nan")
-    with pytest.raises(benchmark.NotFinite, match="^feedback_transformer: its weights or logits are not finite "
+    with pytest.raises(measure.NotFinite, match="^feedback_transformer: its weights or logits are not finite "
                                                   "before beam search"):
-        benchmark.check_before_search("feedback_transformer", "beam search", model, forward)
+        measure.check_before_search("feedback_transformer", "beam search", model, forward)
 
 
 def test_the_capture_is_timed_apart_from_the_steady_calls():
@@ -171,7 +173,7 @@ def test_the_capture_is_timed_apart_from_the_steady_calls():
         time.sleep(0.15 if capturing else 0.01)
         return 100, torch.zeros(1)
 
-    rates, capture = benchmark.interleaved_rates({"m": model}, {"m": work}, 3, "training", benchmark.FiniteResults())
+    rates, capture = measure.interleaved_rates({"m": model}, {"m": work}, 3, "training", measure.FiniteResults())
     assert len(calls) == 2 + 1 + 3  # two capturing calls, one that captured nothing, three timed
     assert 100 / 0.05 < rates["m"] <= 100 / 0.01
     assert 0.2 < capture["m"] < 0.4  # 2 x (0.15 - 0.01), and sleeps that overran on a busy machine
@@ -207,14 +209,14 @@ def test_the_benchmark_counts_the_feedback_loop_as_a_gpu_replays_it():
     d = make_dictionary()
     model, _ = tiny_translation_model("--dropout", "0.1", layers=3)
     src, tgt = torch.randint(d.nspecial, len(d), (2, 8, 16))
-    work = benchmark.translation_training(model, d, src, tgt)
+    work = workloads.translation_training(model, d, src, tgt)
     graphed = model.decoder.graphed
-    replayed, _ = benchmark.kernels_and_busy_share(model, work, 16, torch.device("cpu"))
+    replayed, _ = operators.kernels_and_busy_share(model, work, 16, torch.device("cpu"))
     assert model.decoder.graphed is graphed  # the model runs as before (eagerly, on the CPU)
-    with benchmark._CountOps() as eager:
+    with operators.CountOps() as eager:
         work()
-    benchmark.with_the_reference_loop(model)
-    through_autograd, _ = benchmark.kernels_and_busy_share(model, work, 16, torch.device("cpu"))
+    workloads.with_the_reference_loop(model)
+    through_autograd, _ = operators.kernels_and_busy_share(model, work, 16, torch.device("cpu"))
     assert eager.count / 16 < replayed < 0.9 * through_autograd
 
 
@@ -230,19 +232,19 @@ def test_the_breakdown_adds_up_to_the_ops_per_step_column(capsys):
     total = float(re.search(r"total per target step \(ops/step\)\s+([\d.]+)", out).group(1))
     assert all(v > 0 for v in loop)
     assert abs(sum(loop) + sum(outside) + optimizer - total) < 0.1
-    p = benchmark.PRESETS["tiny"]["translation"]
-    d = benchmark.make_dictionary(p["vocab"])
-    model = benchmark.build_translation_model("feedback_transformer", p, d, seed=1)
+    p = PRESETS["tiny"]["translation"]
+    d = make_dictionary(p["vocab"])
+    model = workloads.build_translation_model("feedback_transformer", p, d, seed=1)
     g = torch.Generator().manual_seed(1)
-    batch = [benchmark.random_tokens(d, benchmark.BREAKDOWN_ROWS, p["length"], g) for _ in range(2)]
-    work = benchmark.translation_training(model, d, *batch)
-    column = benchmark.counted_as_a_gpu_replays_it(model, work).count / p["length"]
+    batch = [workloads.random_tokens(d, breakdown.BREAKDOWN_ROWS, p["length"], g) for _ in range(2)]
+    work = workloads.translation_training(model, d, *batch)
+    column = operators.counted_as_a_gpu_replays_it(model, work).count / p["length"]
     assert abs(column - total) < 0.1
     # a steady replay's operators: no capture, no check's eager pass (a call after many)
-    with benchmark.loop_as_a_gpu_replays_it(model):
-        for _ in range(benchmark.WARM_UP_CALLS):
+    with graphs.loop_as_a_gpu_replays_it(model):
+        for _ in range(measure.WARM_UP_CALLS):
             work()
-        with benchmark._CountOps() as steady:
+        with operators.CountOps() as steady:
             work(steady)
     assert steady.count / p["length"] == column
 
@@ -254,12 +256,12 @@ def test_the_json_holds_every_figure_of_the_tables_with_the_machine(runs):
     for table in written["tables"].values():
         for column, by_model in table["figures"].items():
             for model, value in by_model.items():
-                assert rows[model][column] == benchmark.FORMATS.get(column, "{:.1f}").format(value), (column, model)
+                assert rows[model][column] == tables.FORMATS.get(column, "{:.1f}").format(value), (column, model)
         theirs, ours = table["models"][:2]
         assert table["feedback / fairseq"]["train tok/s"] == pytest.approx(
             table["figures"]["train tok/s"][ours] / table["figures"]["train tok/s"][theirs])
     # peak memory is the allocator's (CUDA): on the CPU it says so, rather than printing a number
-    assert written["tables"]["translation"][benchmark.NOT_MEASURED] == ["peak train MB", "peak beam MB"]
+    assert written["tables"]["translation"][tables.NOT_MEASURED] == ["peak train MB", "peak beam MB"]
     assert "peak train MB" not in out
 
 
@@ -289,7 +291,7 @@ def test_each_models_peak_memory_is_its_own_though_the_models_share_the_device()
     more for a while: a alone would peak at 100 + 10 + 30, b's weights
     apart; b's call, after, peaks at its own 50 and 5 more."""
     allocator = Allocator()
-    memory = benchmark.PeakMemory(allocator)
+    memory = measure.PeakMemory(allocator)
     for model, weights in (("a", 100), ("b", 50)):
         with memory.charged(model):
             allocator.change(weights)
@@ -305,7 +307,7 @@ def test_each_models_peak_memory_is_its_own_though_the_models_share_the_device()
         allocator.change(-20)
     assert memory.column("training") == {"a": 140 / 2**20, "b": 55 / 2**20}
     assert memory.resident == {"a": 110, "b": 50}
-    assert benchmark.PeakMemory().column("training") is None  # off CUDA: not measured
+    assert measure.PeakMemory().column("training") is None  # off CUDA: not measured
 
 
 def test_the_first_batches_count_every_capture_and_each_new_shapes_cost():
@@ -330,8 +332,8 @@ def test_the_first_batches_count_every_capture_and_each_new_shapes_cost():
         time.sleep(0.01)
         return 100, torch.zeros(1)
 
-    rates, per_shape = benchmark.first_batches({"graphed": graphed, "eager": eager},
-                                               {"graphed": work, "eager": eager_work}, 3, benchmark.FiniteResults())
+    rates, per_shape = measure.first_batches({"graphed": graphed, "eager": eager},
+                                               {"graphed": work, "eager": eager_work}, 3, measure.FiniteResults())
     assert len(calls) == 6  # two passes: the second captured nothing
     assert 300 / 0.6 < rates["graphed"] <= 300 / 0.35 and 300 / 0.1 < rates["eager"] <= 300 / 0.03
     assert per_shape.keys() == {"graphed"} and 0.14 < per_shape["graphed"] < 0.3  # (0.35 - 0.03) / 2

@@ -40,7 +40,7 @@ from typing import Dict, List
 import pytest
 import torch
 from helpers import PLUGIN
-from recipes import RECIPES, TABLE9, TABLE9_TOY, Recipe, bash_blocks, overrides
+from recipes import RECIPES, TABLE9, TABLE9_TOY, Recipe, bash_blocks
 
 import recipe_shims
 from fairseq_feedback_cli.toy_scoring import METRICS

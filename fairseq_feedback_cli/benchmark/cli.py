@@ -1,0 +1,116 @@
+"""Speed of the feedback models as a ratio to fairseq's own models of the same size.
+
+    feedback-benchmark                      # translation at base widths, and the LM
+    feedback-benchmark --preset tiny        # seconds, to check that it runs
+    feedback-benchmark --device cuda --dtype fp16 --preset iwslt   # IWSLT and feedback_lm_wiki103 sizes
+    feedback-benchmark --reference-loop     # also the feedback models' loop through autograd
+
+Translation: feedback_transformer against fairseq's transformer (training
+target tokens/s, beam-5 output tokens/s, incremental-state bytes per decoded
+token). Language modelling: feedback_lm against fairseq's transformer_lm
+(training, evaluation and sampling tokens/s). Each pair is built through
+fairseq's registry from the same options and runs the same random batches in
+one process, the two models' calls interleaved, and each rate is taken from
+the median call: the ratios compare architectures, not machines or moments.
+
+On a GPU the feedback models replay their per-token loop as CUDA graphs, and
+a third row runs them eagerly (--no-cuda-graphs) for comparison; the graphs'
+rows say what capturing cost apart from the rates: the seconds that the calls
+which captured graphs took beyond a steady call, and the graphs' memory
+(--cuda-graphs emulate shows the same on the CPU, through the stand-in for
+capture). Two more columns come from a profile of one training step: kernels
+per target step (a position of every row; on the CPU: operators dispatched,
+the count a GPU would launch, the feedback loop's as a GPU replays it) and
+the share of the step's wall time during which the GPU runs a kernel.
+
+fp16 and bf16 train as fairseq-train --fp16 and --bf16 do (fp32 master
+weights, and for fp16 a dynamic loss scale), on any device. Every result is
+checked to be finite before a rate is reported, and the weights and logits
+before a search: one that is not ends the run in one line naming the model
+and the phase.
+"""
+
+import argparse
+import json
+import platform
+import sys
+
+import torch
+
+from ..command_line import ArgumentParser, check_at_least, fail
+from ..outputs import atomic_file
+from ..sizes import PRESETS
+from .breakdown import BREAKDOWN_ROWS, breakdown
+from .measure import NotFinite
+from .tables import language_model, translation
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+
+def machine(device: torch.device) -> dict:
+    """What the figures were measured on."""
+    return {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else
+            f"CPU: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads",
+            "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version()}
+
+
+
+def main(argv=None):
+    parser = ArgumentParser(prog="feedback-benchmark", description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="base")
+    parser.add_argument("--only", choices=["translation", "lm"], help="run one of the two comparisons")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32",
+                        help="the models' parameters and activations; fp16 and bf16 train as fairseq-train --fp16 "
+                             "and --bf16 do (fp32 master weights, and for fp16 a dynamic loss scale)")
+    parser.add_argument("--cuda-graphs", choices=["auto", "off", "emulate"], default="auto",
+                        help="the feedback models' --cuda-graphs: auto, graphs on a GPU; emulate, the graphs' path "
+                             "through the stand-in for capture on any device. Where graphs run, each feedback model "
+                             "also runs eagerly, and the capture's cost is reported apart")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--breakdown", action="store_true",
+                        help="instead of the rates: the feedback models' operators per target step of a training "
+                             f"step by kind, forward and backward, in the loop and per layer ({BREAKDOWN_ROWS} rows, "
+                             "on the CPU, as a GPU replays the loop)")
+    parser.add_argument("--reference-loop", action="store_true",
+                        help="also run each feedback model with its loop step by step through autograd (the "
+                             "reference loop, as before the fused block): what the fused block saves; with "
+                             "--breakdown, the reference loop's operators instead")
+    parser.add_argument("--first-batches", type=int, default=0, metavar="N",
+                        help="first, each model's rate over its first N training batches, every capture included "
+                             "(translation: batches of fairseq's --max-tokens kind, of varied lengths; the language "
+                             "model: its first N blocks), and the seconds each new shape cost a graphed model")
+    parser.add_argument("--json", metavar="FILE", help="also write every figure of the tables, by column and model, "
+                                                       "with the machine, to FILE")
+    args = parser.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        fail("--device cuda: no GPU is visible to torch")
+    check_at_least(args, threads=1, first_batches=0)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device, dtype = torch.device(args.device), DTYPES[args.dtype]
+    where = torch.cuda.get_device_name() if device.type == "cuda" else f"{torch.get_num_threads()} CPU threads"
+    print(f"torch {torch.__version__}, {where}, {args.dtype}, preset {args.preset}\n")
+    if args.breakdown:
+        breakdown(args.only, args.preset, args.seed, args.reference_loop)
+        return
+    tables = {}
+    try:
+        if args.only in (None, "translation"):
+            tables["translation"] = translation(PRESETS[args.preset]["translation"], args.seed, device, dtype,
+                                                args.cuda_graphs, args.reference_loop, args.first_batches)
+        if args.only in (None, "lm"):
+            tables["lm"] = language_model(PRESETS[args.preset]["lm"], args.seed, device, dtype, args.cuda_graphs,
+                                          args.reference_loop, args.first_batches)
+    except NotFinite as error:
+        fail(str(error))
+    if args.json:
+        with atomic_file(args.json) as f:
+            json.dump({"command": ["feedback-benchmark", *sys.argv[1:]] if argv is None else
+                       ["feedback-benchmark", *argv], "machine": machine(device), "dtype": args.dtype,
+                       "preset": args.preset, "cuda_graphs": args.cuda_graphs,
+                       "sizes": {name: PRESETS[args.preset][name] for name in tables}, "tables": tables}, f, indent=1)
+
