@@ -20,7 +20,7 @@ the decoder.
 """
 
 import logging
-from typing import Dict, Optional
+from typing import Optional
 
 import torch
 from torch import Tensor
@@ -31,7 +31,7 @@ from ..loop.graphed_loop import GraphedFeedbackLoop
 from ..modules.feedback_memory import FeedbackMemory
 from ..modules.key_value_buffer import KeyValueBuffer
 from .feedback_config import unfused_options
-from .memory_decoder import IncrementalState, MemoryDecoder
+from .memory_decoder import IncrementalState, MemoryDecoder, StreamState
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ class FeedbackDecoder(MemoryDecoder):
         self.fused_block_enabled = use
 
     def decode(self, x, layers, encoder_kv, encoder_bias, incremental_state: Optional[IncrementalState] = None,
-               stream_state: Optional[Dict[str, Tensor]] = None):
+               stream_state: Optional[StreamState] = None):
         """Starts the memory (from m_{-1}, or from the stream's carried memory
         vectors, projected again with the current weights as the official code
         and Transformer-XL do) or resumes it from the decoding cache, then runs
@@ -74,8 +74,8 @@ class FeedbackDecoder(MemoryDecoder):
         inputs (loop/graphed_loop.py, graphed_decoding.py), which call nothing
         of the decoder. A stream keeps its last `span` memory vectors, detached."""
         span = self.current_span()
-        carried = None if stream_state is None else stream_state.get("memory")
-        previous = carried if carried is not None else x.new_zeros(1, x.size(1), self.embed_dim)  # m_{-1}
+        carried = None if stream_state is None else stream_state.vectors  # [1, slots, bsz, embed_dim]
+        previous = carried[0] if carried is not None else x.new_zeros(1, x.size(1), self.embed_dim)  # m_{-1}
         graphed, memories = self.graphed, None
         search = None if incremental_state is None else self.get_incremental_state(incremental_state, "static_memory")
         if incremental_state is not None and graphed is not None and graphed.decodes(x.device, search):
@@ -85,7 +85,7 @@ class FeedbackDecoder(MemoryDecoder):
         else:
             x, memories = self._run_eagerly(x, previous, span, layers, encoder_kv, encoder_bias, incremental_state)
         if stream_state is not None:
-            stream_state["memory"] = torch.cat([previous, memories])[-self.span:].detach()
+            stream_state.carry(torch.cat([previous, memories])[None], self.span)
         return x
 
     def _run_eagerly(self, x, previous, span, layers, encoder_kv, encoder_bias, incremental_state):

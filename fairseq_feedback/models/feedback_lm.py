@@ -20,10 +20,10 @@ from fairseq.models.transformer_lm import (
 )
 from fairseq.modules import AdaptiveInput, CharacterTokenEmbedder
 from omegaconf import II
-from torch import Tensor
 
 from ..errors import FeedbackUsageError
 from .feedback_config import FeedbackConfig, check_feedback_args, decoder_config, feedback_architecture
+from .memory_decoder import StreamState
 from .plugin_model import PluginModel, build_decoder, check_model_and_task
 
 
@@ -70,9 +70,8 @@ class FeedbackLanguageModel(PluginModel, TransformerLanguageModel):
 
     def __init__(self, decoder):
         super().__init__(decoder)
-        # stream name -> the memory carried from its previous block; not saved
-        # in checkpoints (a resumed run starts its next block with fresh memory)
-        self.streams: Dict[str, Dict[str, Tensor]] = {}
+        # stream name -> what it carries from its previous block
+        self.streams: Dict[str, StreamState] = {}
 
     @classmethod
     def add_args(cls, parser):
@@ -129,7 +128,7 @@ class FeedbackLanguageModel(PluginModel, TransformerLanguageModel):
         state = None
         if stream is not None:
             if block == 0 or stream not in self.streams:
-                self.streams[stream] = {}
+                self.streams[stream] = StreamState()
             state = self.streams[stream]
         return self.decoder(src_tokens, stream_state=state, **kwargs)
 

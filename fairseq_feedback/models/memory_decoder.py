@@ -8,8 +8,8 @@ the encoder output once per sentence, and hands the layers to the subclass's
 `decode`, which is called three ways:
 
 - training and teacher-forced scoring: the whole sequence at once;
-- the streaming LM task (`stream_state`): block after block, the memory
-  carried from one block to the next;
+- the streaming LM task (`stream_state`, a StreamState): block after
+  block, the memory carried from one block to the next;
 - fairseq's incremental decoding (`incremental_state`): after the first call,
   one new token per call, the memory's keys and values cached.
 """
@@ -24,6 +24,28 @@ from torch import Tensor, nn
 from ..modules.memory_decoder_layer import MemoryDecoderLayer
 
 IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
+
+
+class StreamState:
+    """What a stream of the streaming LM task carries from one block to the
+    next, for either decoder: the vectors that the next block's attention
+    reads before its own, the last `span` of them, detached (a block's
+    backward stops at its start, as in Transformer-XL), projected again by
+    the next block with the weights it runs with.
+
+    Layout: [sources, slots, bsz, embed_dim]. A source is what one set of
+    keys and values is projected from: the feedback memory m_t (one source,
+    which every layer reads), or for the Transformer baseline each layer's
+    own inputs (a source per layer). Kept by the model per stream, not in
+    checkpoints: a resumed run starts its next block with fresh memory.
+    """
+
+    def __init__(self):
+        self.vectors: Optional[Tensor] = None  # None: the stream's first block
+
+    def carry(self, vectors: Tensor, span: int) -> None:
+        """Keeps the last `span` slots of `vectors` [sources, slots, bsz, embed_dim] for the next block."""
+        self.vectors = vectors[:, -span:].detach()
 
 
 class MemoryDecoder(TransformerDecoderBase):
@@ -45,7 +67,7 @@ class MemoryDecoder(TransformerDecoderBase):
 
     def decode(self, x: Tensor, layers: List[Optional[MemoryDecoderLayer]], encoder_kv: Optional[Tensor],
                encoder_bias: Optional[Tensor], incremental_state: Optional[IncrementalState] = None,
-               stream_state: Optional[Dict[str, Tensor]] = None) -> Tensor:
+               stream_state: Optional[StreamState] = None) -> Tensor:
         """The layers on the embedded new tokens x ([time, batch, embed]);
         returns the top layer's outputs. `layers` holds None for a layer that
         LayerDrop left out of this pass; `encoder_kv` the encoder's keys and
@@ -75,12 +97,12 @@ class MemoryDecoder(TransformerDecoderBase):
         prev_output_tokens: Tensor,
         encoder_out: Optional[Dict[str, List[Tensor]]] = None,
         incremental_state: Optional[IncrementalState] = None,
-        stream_state: Optional[Dict[str, Tensor]] = None,
+        stream_state: Optional[StreamState] = None,
         **unused,
     ):
         """`incremental_state`: fairseq's decoding protocol; each call after
         the first feeds its last token. `stream_state`: a language model's
-        stream, block after block (the subclass keeps its memory there)."""
+        stream, block after block (the decoder carries its memory there)."""
         decoding = self.get_incremental_state(incremental_state, "decoding")
         tokens = prev_output_tokens if decoding is None else prev_output_tokens[:, -1:]
         positions = None

@@ -9,7 +9,7 @@ feeds blocks of one token. Across blocks of a stream, each layer's last
 inputs are carried (detached) and projected again with the current weights.
 """
 
-from typing import Dict, Optional
+from typing import Optional
 
 import torch
 from torch import Tensor
@@ -17,14 +17,14 @@ from torch import Tensor
 from ..modules.memory_view import MemoryView, SlotDistances
 from ..modules.memory_decoder_layer import MemoryDecoderLayer, per_layer
 from ..modules.key_value_buffer import KeyValueBuffer
-from .memory_decoder import IncrementalState, MemoryDecoder
+from .memory_decoder import IncrementalState, MemoryDecoder, StreamState
 
 
 class TransformerXLDecoder(MemoryDecoder):
     def decode(self, x, layers, encoder_kv, encoder_bias, incremental_state: Optional[IncrementalState] = None,
-               stream_state: Optional[Dict[str, Tensor]] = None):
+               stream_state: Optional[StreamState] = None):
         span = self.current_span()
-        carried = None if stream_state is None else stream_state.get("memory")  # [layers, slots, batch, embed]
+        carried = None if stream_state is None else stream_state.vectors  # [layers, slots, bsz, embed_dim]
         inputs, encoder_kv = [], per_layer(encoder_kv, len(layers))
         for i, layer in enumerate(layers):
             inputs.append(x)
@@ -36,7 +36,7 @@ class TransformerXLDecoder(MemoryDecoder):
                                      encoder_bias)
         if stream_state is not None:
             block = torch.stack(inputs)
-            stream_state["memory"] = (block if carried is None else torch.cat([carried, block], 1))[:, -self.span:].detach()
+            stream_state.carry(block if carried is None else torch.cat([carried, block], 1), self.span)
         return x
 
     @staticmethod
