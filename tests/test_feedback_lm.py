@@ -106,7 +106,7 @@ def test_every_token_is_scored_once_whatever_the_streams_and_workers():
         for worker in range(workers):
             itr = task.get_batch_iterator(split, max_sentences=rows, num_shards=workers, shard_id=worker)
             batches = list(itr.next_epoch_itr(shuffle=False))
-            assert [b["net_input"]["block"] for b in batches] == list(range(len(batches)))
+            assert [b["net_input"]["block_index"] for b in batches] == list(range(len(batches)))
             for r in range(rows):
                 runs.append([t for b in batches for t in b["target"][r].tolist() if t != d.pad()])
         assert sum(runs, []) == stream
@@ -119,11 +119,11 @@ def test_memory_is_carried_within_a_stream_and_never_across_streams():
     model.eval()
     tokens = torch.randint(d.nspecial, len(d), (2, 6))
     with torch.no_grad():
-        fresh = model(tokens, stream="train", block=0)[0]
-        model(tokens, stream="train", block=1)
+        fresh = model(tokens, stream="train", block_index=0)[0]
+        model(tokens, stream="train", block_index=1)
         assert "valid" not in model.streams
-        valid = model(tokens, stream="valid", block=0)[0]
-        continued = model(tokens, stream="train", block=2)[0]
+        valid = model(tokens, stream="valid", block_index=0)[0]
+        continued = model(tokens, stream="train", block_index=2)[0]
     torch.testing.assert_close(valid, fresh)  # validation starts fresh, whatever training did
     assert not torch.allclose(continued, fresh)
 
@@ -193,7 +193,7 @@ def test_the_baseline_is_a_transformer_xl(depth):
         F.cross_entropy(logits.reshape(-1, logits.size(-1)), target.reshape(-1)).backward()
         return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
-    got = torch.cat([model(b, stream="s", block=k)[0] for k, b in enumerate(blocks)], dim=1)
+    got = torch.cat([model(b, stream="s", block_index=k)[0] for k, b in enumerate(blocks)], dim=1)
     expected = reference_transformer_xl(model, blocks)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
     got, expected = gradients(got), gradients(expected)

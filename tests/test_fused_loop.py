@@ -103,7 +103,7 @@ def test_a_stream_trains_block_after_block_as_through_autograd(flags, span, monk
         results = []
         for k, (block, block_target) in enumerate(zip(tokens.split(7, 1), target.split(7, 1))):
             model.zero_grad()
-            results.append(loss_and_gradients(model, lambda: model(block, stream="train", block=k)[0],
+            results.append(loss_and_gradients(model, lambda: model(block, stream="train", block_index=k)[0],
                                               block_target))
         return results
 

@@ -118,10 +118,10 @@ def test_a_stream_at_bucketed_shapes_trains_as_the_eager_loop(flags):
         results = []
         for k, (block, block_target) in enumerate(zip(tokens.split(7, 1), target.split(7, 1))):
             model.zero_grad()
-            results.append(loss_and_gradients(model, lambda: model(block, stream="train", block=k)[0], block_target))
+            results.append(loss_and_gradients(model, lambda: model(block, stream="train", block_index=k)[0], block_target))
         model.eval()
         with torch.no_grad():
-            results.append(torch.cat([model(b, stream="valid", block=k)[0] for k, b in enumerate(tokens.split(7, 1))]))
+            results.append(torch.cat([model(b, stream="valid", block_index=k)[0] for k, b in enumerate(tokens.split(7, 1))]))
         return results
 
     *eager, eager_eval = run()

@@ -355,7 +355,7 @@ def test_graphed_stream_of_three_blocks_equals_eager(device, dtype):
         out = []
         for k, (block, block_target) in enumerate(zip(tokens.split(7, 1), target.split(7, 1))):
             model.zero_grad()
-            out.append(loss_and_gradients(model, lambda: model(block, stream="t", block=k)[0].float(), block_target))
+            out.append(loss_and_gradients(model, lambda: model(block, stream="t", block_index=k)[0].float(), block_target))
         return out
 
     assert_graphs_equal_eager(model, device, results, dtype)

@@ -13,7 +13,7 @@ from fairseq_feedback.modules.adaptive_span import AdaptiveSpanMask
 
 
 def test_soft_mask_and_span_loss_follow_the_formula():
-    mask = AdaptiveSpanMask(max_span=8, ramp=2, heads=2)
+    mask = AdaptiveSpanMask(max_span=8, ramp=2, num_heads=2)
     mask.span_fraction.data = torch.tensor([0.25, 1.0])
     # m(d) = clamp((z S - d) / R + 1, 0, 1), d = 4 .. 0 slots before the newest
     expected = torch.tensor([[0.0, 0.5, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0, 1.0]])
@@ -28,7 +28,7 @@ def test_soft_mask_and_span_loss_follow_the_formula():
 
 
 def test_masking_by_bias_equals_scaling_and_renormalising_the_weights():
-    mask = AdaptiveSpanMask(max_span=6, ramp=3, heads=2)
+    mask = AdaptiveSpanMask(max_span=6, ramp=3, num_heads=2)
     mask.span_fraction.data = torch.tensor([0.2, 0.6])
     scores = torch.randn(4, 2, 1, 6)
     weights = scores.softmax(-1) * mask.mask(6)
@@ -157,6 +157,6 @@ def test_trimmed_memory_keeps_only_what_the_widest_head_reaches():
         layer.self_attn.register_forward_hook(lambda module, args, out: windows.append(args[1].keys.size(2)))
     model.eval()
     with torch.no_grad():
-        model(torch.randint(d.nspecial, len(d), (2, 20)), stream="s", block=0)
-        model(torch.randint(d.nspecial, len(d), (2, 20)), stream="s", block=1)
+        model(torch.randint(d.nspecial, len(d), (2, 20)), stream="s", block_index=0)
+        model(torch.randint(d.nspecial, len(d), (2, 20)), stream="s", block_index=1)
     assert max(windows) == 6 and windows[-1] == 6

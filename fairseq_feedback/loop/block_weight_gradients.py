@@ -74,9 +74,9 @@ class BlockWeights(torch.autograd.Function):
     @torch.amp.custom_bwd(device_type="cuda")
     def backward(ctx, _weight_grad, _bias_grad):  # None: the steps hand their share over in `block`
         block = ctx.block
-        steps = sorted(block.grads)
-        inputs = torch.cat([block.inputs[t].reshape(-1, block.inputs[t].size(-1)) for t in steps])
-        grads = torch.cat([block.grads[t].reshape(-1, block.grads[t].size(-1)) for t in steps])
+        stepped = sorted(block.grads)  # the steps whose output reached a loss
+        inputs = torch.cat([block.inputs[t].reshape(-1, block.inputs[t].size(-1)) for t in stepped])
+        grads = torch.cat([block.grads[t].reshape(-1, block.grads[t].size(-1)) for t in stepped])
         block.inputs, block.grads = [], {}
         bias_grad = grads.sum(0) if ctx.needs_input_grad[2] else None
         return None, torch.matmul(grads.t(), inputs.to(grads.dtype)), bias_grad

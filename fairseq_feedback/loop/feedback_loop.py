@@ -30,10 +30,18 @@ Layers = Sequence[Optional[MemoryDecoderLayer]]  # None where LayerDrop left a l
 
 
 class FeedbackLoop:
-    """The loop over `layers` reading the last `span` slots of the memory
-    (at most `memory_span`, --memory-span). `fused`: whether the fused block
-    (fused_block.py) runs it, or the reference loop through autograd
-    (reference.py; fallback.py says why)."""
+    """The loop of one decoder call.
+
+    Args:
+        memory: the decoder's FeedbackMemory (eq. 1, the key/value projection).
+        layers: the layers of this pass, None where LayerDrop left one out.
+        span: how many of the last slots a step reads.
+        memory_span: --memory-span, the rows of the tables read by distance
+            (relative positions, adaptive spans); span <= memory_span.
+        key_positions: the relative positions [memory_span, head_dim], or None.
+        fused: whether the fused block (fused_block.py) runs it, or the
+            reference loop through autograd (reference.py; fallback.py says why).
+    """
 
     def __init__(self, memory: FeedbackMemory, layers: Layers, span: int, memory_span: int,
                  key_positions: Optional[nn.Parameter], fused: bool):
@@ -49,24 +57,43 @@ class FeedbackLoop:
     def modules(self) -> List[nn.Module]:
         return [*self.memory.modules(), *(m for layer in self.layers if layer is not None for m in layer.modules())]
 
-    def empty_memory(self, rows: int, like: Tensor) -> Tensor:
-        """The keys and values of m_{-1}, the zero memory vector, in `rows`
-        rows: [1, planes, rows, heads, head_dim]."""
-        return self.memory.project(like.new_zeros(1, rows, self.memory.kv_proj.in_features))
+    def empty_memory(self, bsz: int, like: Tensor) -> Tensor:
+        """The keys and values of m_{-1}, the zero memory vector, in `bsz`
+        rows (dtype and device `like`'s): [1, planes, bsz, num_heads, head_dim]."""
+        return self.memory.project(like.new_zeros(1, bsz, self.memory.kv_proj.in_features))
 
-    def start(self, initial: Tensor, steps: int) -> Tuple[KeyValueBuffer, Tuple[Tensor, ...]]:
-        """A buffer for `steps` steps after the memory vectors `initial`, and
-        the window of their keys and values that step 0 reads."""
+    def start(self, initial: Tensor, tgt_len: int) -> Tuple[KeyValueBuffer, Tuple[Tensor, ...]]:
+        """A memory started from the memory vectors `initial`.
+
+        Args:
+            initial: the memory vectors before step 0, [slots, bsz, embed_dim].
+            tgt_len: the steps the buffer will take after them.
+
+        Returns:
+            a KeyValueBuffer holding their keys and values, and the window of
+            them that step 0 reads (one [bsz, num_heads, slots, head_dim] view per plane).
+        """
         kv = self.memory.project(initial)
-        buffer = KeyValueBuffer.empty(len(kv) + steps, like=kv)
+        buffer = KeyValueBuffer.empty(len(kv) + tgt_len, like=kv)
         return buffer, buffer.append(kv, self.span)
 
     def block(self, x: Tensor, buffer: KeyValueBuffer, window: Tuple[Tensor, ...], encoder_kv: Optional[Tensor],
               encoder_bias: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
-        """Section 3.3, one step at a time. `window`: the memory's keys and
-        values that step 0 reads; each step appends the keys and values of its
-        memory vector to `buffer`. Returns the top layer's outputs and the
-        memory vectors m_t, both [time, batch, embed]."""
+        """Section 3.3, one step at a time.
+
+        Args:
+            x: the first layer's inputs, [tgt_len, bsz, embed_dim].
+            buffer: the memory's keys and values; each step appends its
+                memory vector's.
+            window: what step 0 reads of them, one [bsz, num_heads, slots,
+                head_dim] view per plane.
+            encoder_kv: every layer's encoder keys and values,
+                [layers, 2, sentences, num_heads, src_len, head_dim], or None.
+            encoder_bias: their padding mask as a bias, [sentences, 1, 1, src_len], or None.
+
+        Returns:
+            the top layer's outputs and the memory vectors m_t, [tgt_len, bsz, embed_dim] each.
+        """
         # everything that does not depend on the step, once: a full window
         # holds m_{t-span} .. m_{t-1}, all visible; shorter ones its last slots
         span = self.span
@@ -81,11 +108,20 @@ class FeedbackLoop:
 
     def block_from(self, x: Tensor, initial: Tensor, encoder_kv: Optional[Tensor], encoder_bias: Optional[Tensor],
                    *parameters: Tensor) -> Tuple[Tensor, Tensor]:
-        """`block` over a memory started from the memory vectors `initial`,
-        reading `parameters` in place of parameters() (the aliases that a
-        CUDA graph takes gradients with respect to): a function of tensors
-        alone, which a CUDA graph captures. The memory vectors come back
-        detached: a stream carries them without a backward."""
+        """`block` over a memory started from memory vectors: a function of
+        tensors alone, which a CUDA graph captures.
+
+        Args:
+            x, encoder_kv, encoder_bias: as `block` takes them.
+            initial: the memory vectors before step 0, [slots, bsz, embed_dim].
+            parameters: read in place of parameters(), in its order (the
+                aliases that a CUDA graph takes gradients with respect to).
+
+        Returns:
+            the top layer's outputs and the memory vectors, [tgt_len, bsz,
+            embed_dim] each; the memory vectors detached (a stream carries them
+            without a backward).
+        """
         with self.reading(parameters):
             buffer, window = self.start(initial, len(x))
             # in a graph kernels cost and Python does not: the loop through
@@ -118,11 +154,20 @@ class FeedbackLoop:
 
     def step(self, x: Tensor, window: Tuple[Tensor, ...], distance: Tensor, encoder_kv: Optional[Tensor],
              encoder_bias: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
-        """One step over a window of slots that lie `distance` steps back
-        (a ring of fixed shape, for CUDA graphs: static_memory.py), those out
-        of span masked: the top layer's output, and the keys and values of
-        m_t [1, planes, rows, heads, head_dim]. A search's step runs the fused
-        layers, which keep nothing for a backward and draw no dropout."""
+        """One step over slots of a ring of fixed shape (CUDA graphs:
+        static_memory.py), those out of span masked. A search's step runs the
+        fused layers, which keep nothing for a backward and draw no dropout.
+
+        Args:
+            x: the step's inputs, [bsz, embed_dim].
+            window: every slot, one [bsz, num_heads, slots, head_dim] view per plane.
+            distance: how many steps back each slot lies, [slots].
+            encoder_kv, encoder_bias: as `block` takes them.
+
+        Returns:
+            the top layer's output [bsz, embed_dim], and the keys and values of
+            m_t, [1, planes, bsz, num_heads, head_dim].
+        """
         slots = SlotDistances(distance[None], 1, self.span, self.memory_span)
         positions = None if self.key_positions is None else slots.positions(self.key_positions)[0]
         biases = [slots.bias(None if layer is None else layer.self_attn.span_mask, x) for layer in self.layers]

@@ -2,7 +2,7 @@
 
 Run through autograd (reference.py), every step records each operator (a
 node, saved tensors, a gradient accumulation each), and each linear layer
-computes its weight gradient at every step, a product of rank `rows` added
+computes its weight gradient at every step, a product of rank `bsz` added
 to the sum so far. Here a block of steps is one Function. Its backward is
 the chain rule through each step's layers (fused_layer.py), later steps
 first; what does not depend on the step's gradient comes once per block:
@@ -23,7 +23,7 @@ keys and values, k_t and v_t, which later steps read:
 and g_kv_t is complete when the backward reaches step t: every step that
 reads slot t comes later.
 
-Attention reads one query row per sequence: scores, softmax and weighted
+Attention has one query per row of the batch at a step: scores, softmax and weighted
 sum as three batched products (the fused scaled_dot_product_attention
 kernel costs more than that at this size on the CPU; its backward, ten
 times more). Dropout masks are drawn once per block, one Bernoulli draw for
@@ -70,12 +70,12 @@ class BlockInputs(NamedTuple):
     structure, None where none is needed. BlockFunction takes it flattened
     (`flat`), for autograd to route a gradient to each tensor."""
 
-    x: Tensor  # the first layer's inputs, [steps, rows, embed]
-    encoder_kv: Optional[Tensor]  # every layer's, [layers, 2, sequences, heads, src_len, head_dim]
+    x: Tensor  # the first layer's inputs, [tgt_len, bsz, embed_dim]
+    encoder_kv: Optional[Tensor]  # every layer's, [layers, 2, sentences, num_heads, src_len, head_dim]
     positions: Optional[Tensor]  # relative positions of a full window, [span, head_dim]
     mixing_weights: Tensor  # eq. 1's, [layers + 1]
-    span_biases: Tuple[Optional[Tensor], ...]  # each layer's adaptive span, log m(e) [heads, 1, span]
-    window: Tuple[Tensor, ...]  # the slots that step 0 reads, a [rows, heads, slots, head_dim] per plane
+    span_biases: Tuple[Optional[Tensor], ...]  # each layer's adaptive span, log m(e) [num_heads, 1, span]
+    window: Tuple[Tensor, ...]  # the slots that step 0 reads, a [bsz, num_heads, slots, head_dim] per plane
     parameters: Tuple[Tensor, ...]  # each of block_weighted's weight and bias
 
     def flat(self) -> List[Optional[Tensor]]:
@@ -99,35 +99,49 @@ class BlockRecords:
     the steps write into and read, step t at index t (of dimension 1 for
     `states` and `slots`)."""
 
-    states: Tensor  # x_t^0 .. x_t^L, [layers + 1, steps, rows, embed], eq. 1's inputs; the outputs are x^L
-    memories: Tensor  # m_t, [steps, rows, embed]
-    slots: Tensor  # the memory's keys and values, [planes, rows, heads, initial + steps, head_dim]
-    masks: Optional[Tensor]  # dropout's, scaled: [steps, layers, sublayers, rows, embed]
-    activation_masks: Optional[Tensor]  # the activation's dropout, scaled: [steps, layers, rows, ffn]
+    states: Tensor  # x_t^0 .. x_t^L, [layers + 1, tgt_len, bsz, embed_dim], eq. 1's inputs; the outputs are x^L
+    memories: Tensor  # m_t, [tgt_len, bsz, embed_dim]
+    slots: Tensor  # the memory's keys and values, [planes, bsz, num_heads, initial + tgt_len, head_dim]
+    masks: Optional[Tensor]  # dropout's, scaled: [tgt_len, layers, sublayers, bsz, embed_dim]
+    activation_masks: Optional[Tensor]  # the activation's dropout, scaled: [tgt_len, layers, bsz, ffn_embed_dim]
 
 
-def encoder_reads(encoder_kv: Sequence[Optional[Tuple[Tensor, Tensor]]], encoder_bias: Optional[Tensor], rows: int):
-    """Each layer's encoder (keys, values) [sequences, heads, src_len,
-    head_dim] as Attention takes them, with the mask [sequences, 1, 1,
-    src_len] (None: no padding), expanded once for all layers, and the
-    rows per sequence."""
+def encoder_reads(encoder_kv: Sequence[Optional[Tuple[Tensor, Tensor]]], encoder_bias: Optional[Tensor], bsz: int):
+    """Each layer's encoder keys and values as operators.Attention takes them,
+    the mask expanded once for all layers.
+
+    Args:
+        encoder_kv: each layer's (keys, values), [sentences, num_heads, src_len, head_dim] each (per_layer).
+        encoder_bias: their padding mask as a bias, [sentences, 1, 1, src_len], or None (no padding).
+        bsz: the rows of the queries.
+
+    Returns:
+        each layer's (keys, values [sentences * num_heads, src_len, head_dim],
+        mask [sentences * num_heads, 1, src_len] or None, beam: rows per sentence), or None.
+    """
     present = [kv for kv in encoder_kv if kv is not None]
     if not present:
         return list(encoder_kv)
-    sequences, heads, src_len, head_dim = present[0][0].shape
-    bias = None if encoder_bias is None else encoder_bias.expand(sequences, heads, 1, src_len).reshape(-1, 1, src_len)
+    sentences, num_heads, src_len, head_dim = present[0][0].shape
+    bias = None if encoder_bias is None else encoder_bias.expand(sentences, num_heads, 1, src_len).reshape(-1, 1, src_len)
     return [None if kv is None else (kv[0].view(-1, src_len, head_dim), kv[1].view(-1, src_len, head_dim), bias,
-                                     rows // sequences) for kv in encoder_kv]
+                                     bsz // sentences) for kv in encoder_kv]
 
 
 def fused_step(x: Tensor, views: Sequence, layers: Sequence, encoder_kv: Sequence, encoder_bias: Optional[Tensor],
                memory, weights: Tensor) -> Tuple[Tensor, Tensor]:
     """reference.reference_step through the fused layers, without gradients
-    or dropout (a search's step): the top layer's output and m_t."""
-    states, rows = [x], x.size(0)
-    for layer, view, encoder_read in zip(layers, views, encoder_reads(encoder_kv, encoder_bias, rows)):
+    or dropout (a search's step).
+
+    Args: as reference.reference_step takes them.
+
+    Returns:
+        the top layer's output and m_t, [bsz, embed_dim] each.
+    """
+    states, bsz = [x], x.size(0)
+    for layer, view, encoder_read in zip(layers, views, encoder_reads(encoder_kv, encoder_bias, bsz)):
         if layer is not None:
-            memory_read = (view.keys.flatten(0, 1), view.values.flatten(0, 1), per_row(view.bias, rows))
+            memory_read = (view.keys.flatten(0, 1), view.values.flatten(0, 1), per_row(view.bias, bsz))
             x = FusedLayer(layer, 1, recording=False)(x, 0, memory_read, encoder_read, None, None)
         states.append(x)
     return x, memory(states, weights)
@@ -136,16 +150,20 @@ def fused_step(x: Tensor, views: Sequence, layers: Sequence, encoder_kv: Sequenc
 class FusedFeedbackLoop:
     """FeedbackLoop.block (feedback_loop.py) for one block, as one autograd Function.
 
-    `memory`: the decoder's FeedbackMemory; `layers`, `buffer`, `window`,
-    `span`: as FeedbackLoop.block takes them (None where LayerDrop left a layer
-    out; the memory's key/value slots; the window that step 0 reads; the
-    slots a step reads at most); `positions`: the relative positions of a
-    full window [span, head_dim], or None; `span_biases`: each layer's
-    adaptive span, log m(e) of a full window [heads, 1, span], or None;
-    `weights`: the mixing weights of eq. 1.
+    Args:
+        memory: the decoder's FeedbackMemory.
+        layers: the layers, None where LayerDrop left one out.
+        buffer: the memory's keys and values (KeyValueBuffer); it gets the
+            block's at its end.
+        window: what step 0 reads of them, one [bsz, num_heads, slots, head_dim] view per plane.
+        span: how many slots a step reads at most.
+        positions: the relative positions of a full window, [span, head_dim], or None.
+        span_biases: each layer's adaptive span, log m(e) of a full window,
+            [num_heads, 1, span], or None.
+        weights: the mixing weights of eq. 1, [layers + 1].
 
     The block reads its slots from a copy laid out for attention,
-    [planes, rows, heads, slots, head_dim]: a window is then a batch of
+    [planes, bsz, num_heads, slots, head_dim]: a window is then a batch of
     contiguous matrices, which the batched products take as they are (read
     in the buffer's layout, slots first, they ran several times slower).
     The buffer gets the new slots at the end of the block.
@@ -159,11 +177,11 @@ class FusedFeedbackLoop:
                  positions: Optional[Tensor], span_biases: Sequence[Optional[Tensor]], weights: Tensor):
         self.memory, self.module_layers = memory, layers
         self.buffer, self.window, self.span, self.initial = buffer, window, span, window[0].size(2)
-        self.plane_count, self.heads, self.head_dim = memory.planes, memory.num_heads, memory.head_dim
+        self.plane_count, self.num_heads, self.head_dim = memory.planes, memory.num_heads, memory.head_dim
         self.positions, self.weights, self.span_biases = positions, weights, tuple(span_biases)
 
     def __call__(self, x: Tensor, encoder_kv: Optional[Tensor], encoder_bias: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
-        """The top layer's outputs and the memory vectors, [steps, rows, embed] each."""
+        """The top layer's outputs and the memory vectors, [tgt_len, bsz, embed_dim] each."""
         parameters = tuple(p for m in block_weighted(self.memory.kv_proj, self.memory.layer_norm, self.module_layers)
                            for p in (m.weight, m.bias))
         self.inputs = BlockInputs(x, encoder_kv, self.positions, self.weights, self.span_biases, self.window,
@@ -180,28 +198,28 @@ class FusedFeedbackLoop:
         """Everything the block's steps read and write: the layers' pieces,
         the slots, the encoder's keys and values, the biases, the dropout
         masks, the states of eq. 1 and the memory vectors."""
-        steps, rows, embed = x.shape
+        tgt_len, bsz, embed = x.shape
         self.recording, self.encoder_kv = recording, encoder_kv
         memory = self.memory
-        self.kv_proj = Linear(memory.kv_proj, steps, recording)
-        self.memory_layer_norm = None if memory.layer_norm is None else Norm(memory.layer_norm, steps, recording)
+        self.kv_proj = Linear(memory.kv_proj, tgt_len, recording)
+        self.memory_layer_norm = None if memory.layer_norm is None else Norm(memory.layer_norm, tgt_len, recording)
         present = [layer for layer in self.module_layers if layer is not None]
-        read = min(self.span, self.initial + steps - 1)  # slots a step reads at most
+        read = min(self.span, self.initial + tgt_len - 1)  # slots a step reads at most
         self.keep_probs = not present or present[0].self_attn.num_heads * read <= embed + (
             0 if present[0].fc1 is None else present[0].fc1.out_features)
-        self.layers = [None if layer is None else FusedLayer(layer, steps, recording, 0 if memory.shared_kv else 2 * i,
+        self.layers = [None if layer is None else FusedLayer(layer, tgt_len, recording, 0 if memory.shared_kv else 2 * i,
                                                              i == 0, self.keep_probs)
                        for i, layer in enumerate(self.module_layers)]
         self.present = [layer for layer in self.layers if layer is not None]
 
-        slots = x.new_empty(self.plane_count, rows, self.heads, self.initial + steps, self.head_dim)
+        slots = x.new_empty(self.plane_count, bsz, self.num_heads, self.initial + tgt_len, self.head_dim)
         slots[:, :, :, : self.initial] = torch.stack(self.window)
-        self.encoder_reads = encoder_reads(per_layer(encoder_kv, len(self.layers)), encoder_bias, rows)
-        self.biases = [None if b is None else per_row(b, rows) for b in self.span_biases]
+        self.encoder_reads = encoder_reads(per_layer(encoder_kv, len(self.layers)), encoder_bias, bsz)
+        self.biases = [None if b is None else per_row(b, bsz) for b in self.span_biases]
         # x_t^0 .. x_t^L, the states that eq. 1 mixes; a pre-norm layer writes its output here
-        states = x.new_empty(len(self.layers) + 1, steps, rows, embed)
+        states = x.new_empty(len(self.layers) + 1, tgt_len, bsz, embed)
         states[0] = x
-        self.records = BlockRecords(states, x.new_empty(steps, rows, embed), slots, *self._draw_masks(x))
+        self.records = BlockRecords(states, x.new_empty(tgt_len, bsz, embed), slots, *self._draw_masks(x))
         self.mixing = Mixing(self.weights, states)
         if recording:
             for layer, inputs in zip(self.layers, states):
@@ -213,20 +231,20 @@ class FusedFeedbackLoop:
     def _draw_masks(self, x: Tensor) -> Tuple[Optional[Tensor], Optional[Tensor]]:
         """Every dropout mask of the block in one draw, scaled by 1 / (1 - p):
         the sublayers' and the activations' (None: no dropout)."""
-        steps, rows, embed = x.shape
+        tgt_len, bsz, embed = x.shape
         first = self.present[0] if self.present else None
         masks = activation_masks = None
         if first is not None and first.dropout:
             keep = 1 - first.dropout
-            shape = (steps, len(self.layers), len(first.sublayers), rows, embed)
+            shape = (tgt_len, len(self.layers), len(first.sublayers), bsz, embed)
             masks = x.new_empty(shape).bernoulli_(keep).div_(keep)
         if first is not None and first.activation_dropout:
             keep = 1 - first.activation_dropout
-            shape = (steps, len(self.layers), rows, first.fc1.weight.size(0))
+            shape = (tgt_len, len(self.layers), bsz, first.fc1.weight.size(0))
             activation_masks = x.new_empty(shape).bernoulli_(keep).div_(keep)
         # each step's and layer's views, made once
         self.mask_views, self.activation_mask_views = (
-            [[None] * len(self.layers)] * steps if drawn is None else [list(at_t.unbind(0)) for at_t in drawn.unbind(0)]
+            [[None] * len(self.layers)] * tgt_len if drawn is None else [list(at_t.unbind(0)) for at_t in drawn.unbind(0)]
             for drawn in (masks, activation_masks))
         return masks, activation_masks
 
@@ -237,11 +255,11 @@ class FusedFeedbackLoop:
 
     def forward(self) -> Tuple[Tensor, Tensor]:
         states, memories, slots = self.records.states, self.records.memories, self.records.slots
-        rows = memories.size(1)
+        bsz = memories.size(1)
         pre_norm = bool(self.present) and self.present[0].pre_norm
         if self.layers and self.layers[0] is not None:
             self.layers[0].project_block_queries(states[0])
-        windows = MemoryWindows(slots, None, self.initial, self.span, self.heads, self.positions)
+        windows = MemoryWindows(slots, None, self.initial, self.span, self.num_heads, self.positions)
         for t, h in enumerate(states[0].unbind(0)):
             planes = windows.planes(t)
             keys = windows.keys(planes)
@@ -259,7 +277,7 @@ class FusedFeedbackLoop:
                 torch.stack(outputs[1:], out=states[1:, t])
             m = self.mixing(t, memories[t])
             kv = self.kv_proj(m if self.memory_layer_norm is None else self.memory_layer_norm(m, t), t)
-            slots[:, :, :, self.initial + t] = kv.view(rows, self.plane_count, self.heads, self.head_dim).transpose(0, 1)
+            slots[:, :, :, self.initial + t] = kv.view(bsz, self.plane_count, self.num_heads, self.head_dim).transpose(0, 1)
         self.buffer.extend(slots[:, :, :, self.initial:].permute(3, 0, 1, 2, 4), self.span)  # a decoding cache reads them
         return states[-1], memories
 
@@ -277,7 +295,7 @@ class FusedFeedbackLoop:
         """The gradients of the block's inputs, from those of the top layer's
         outputs and of the memory vectors (None: no gradient)."""
         states, slots, encoder_kv, mixing = self.records.states, self.records.slots, self.encoder_kv, self.mixing
-        _, steps, rows, _ = states.shape
+        _, tgt_len, bsz, _ = states.shape
         slot_grads = torch.zeros_like(slots)
         encoder_grads = None
         if encoder_kv is not None:  # a layer that LayerDrop left out reads none of it
@@ -285,12 +303,12 @@ class FusedFeedbackLoop:
         position_grads = None if self.positions is None else torch.zeros_like(self.positions)
         bias_grads = [None if b is None else torch.zeros_like(b) for b in self.span_biases]
         input_grads = torch.empty_like(states[0])
-        windows = MemoryWindows(slots, slot_grads, self.initial, self.span, self.heads, self.positions, position_grads)
+        windows = MemoryWindows(slots, slot_grads, self.initial, self.span, self.num_heads, self.positions, position_grads)
         top_layer = len(self.layers)
-        for t in reversed(range(steps)):
+        for t in reversed(range(tgt_len)):
             # slot t's gradient is complete: every window reading it belongs to a later step
-            kv_grad = self.kv_proj.output_grads.at(t, input_grads[t], self.plane_count * self.heads * self.head_dim)
-            kv_grad.view(rows, self.plane_count, self.heads, self.head_dim).copy_(
+            kv_grad = self.kv_proj.output_grads.at(t, input_grads[t], self.plane_count * self.num_heads * self.head_dim)
+            kv_grad.view(bsz, self.plane_count, self.num_heads, self.head_dim).copy_(
                 slot_grads[:, :, :, self.initial + t].transpose(0, 1))
             if self.memory_layer_norm is None:
                 memory_grad = self.kv_proj.backward(kv_grad, t, out=mixing.memory_grads.at(t, input_grads[t]))

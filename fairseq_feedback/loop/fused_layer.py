@@ -29,8 +29,8 @@ from .operators import Attention, Linear, Norm, residual, residual_grad
 
 ACTIVATIONS = {F.relu: "relu", fairseq_gelu: "gelu"}
 
-# what attention reads at a step: keys and values [sequences * heads, slots,
-# head_dim] and a bias on the scores; the encoder's also its rows per sequence
+# what attention reads at a step: keys and values [sentences * num_heads, slots,
+# head_dim] and a bias on the scores; the encoder's also its hypotheses per sentence (beam)
 MemoryRead = Tuple[Tensor, Tensor, Optional[Tensor]]
 EncoderRead = Tuple[Tensor, Tensor, Optional[Tensor], int]
 
@@ -55,37 +55,42 @@ def weighted(layer) -> list:
 
 
 class FusedLayer:
-    """`layer` (a MemoryDecoderLayer) for a block of `steps` steps,
-    `recording` what its backward needs or not; `plane`: its keys' plane
-    among the memory's slots; `first`: the first layer, whose queries come
-    once per block (project_block_queries); `keep_probs`: whether attention
-    keeps its weights for the backward (operators.Attention)."""
+    """A MemoryDecoderLayer at each step of a block.
 
-    def __init__(self, layer, steps: int, recording: bool, plane: int = 0, first: bool = False,
+    Args:
+        layer: the MemoryDecoderLayer.
+        tgt_len: the block's steps.
+        recording: whether it records what its backward needs.
+        plane: its keys' plane among the memory's slots.
+        first: the first layer, whose queries come once per block (project_block_queries).
+        keep_probs: whether attention keeps its weights for the backward (operators.Attention).
+    """
+
+    def __init__(self, layer, tgt_len: int, recording: bool, plane: int = 0, first: bool = False,
                  keep_probs: bool = True):
         self.pre_norm, self.first, self.plane, self.recording = layer.normalize_before, first, plane, recording
-        self.self_attn = Attention(layer.self_attn, steps, recording, keep_probs)
+        self.self_attn = Attention(layer.self_attn, tgt_len, recording, keep_probs)
         # the first layer's pre-norm comes once per block: one record
-        self.self_attn_layer_norm = Norm(layer.self_attn_layer_norm, 1 if first and self.pre_norm else steps,
+        self.self_attn_layer_norm = Norm(layer.self_attn_layer_norm, 1 if first and self.pre_norm else tgt_len,
                                          recording)
         self.sublayers = [(self.self_attn_layer_norm, self.self_attn.out_proj)]  # (norm, last linear layer)
         self.encoder_attn = self.fc1 = None
         if layer.encoder_attn is not None:
-            self.encoder_attn = Attention(layer.encoder_attn, steps, recording)
-            self.encoder_attn_layer_norm = Norm(layer.encoder_attn_layer_norm, steps, recording)
+            self.encoder_attn = Attention(layer.encoder_attn, tgt_len, recording)
+            self.encoder_attn_layer_norm = Norm(layer.encoder_attn_layer_norm, tgt_len, recording)
             self.sublayers.append((self.encoder_attn_layer_norm, self.encoder_attn.out_proj))
         if layer.fc1 is not None:
-            self.fc1, self.fc2 = Linear(layer.fc1, steps, recording), Linear(layer.fc2, steps, recording)
-            self.final_layer_norm = Norm(layer.final_layer_norm, steps, recording)
+            self.fc1, self.fc2 = Linear(layer.fc1, tgt_len, recording), Linear(layer.fc2, tgt_len, recording)
+            self.final_layer_norm = Norm(layer.final_layer_norm, tgt_len, recording)
             self.activation = ACTIVATIONS[layer.activation_fn]
             self.activation_saved: Dict[int, Tensor] = {}  # relu's output, gelu's input
             self.sublayers.append((self.final_layer_norm, self.fc2))
         self.dropout = layer.dropout_module.p if layer.training else 0.0
         self.activation_dropout = layer.activation_dropout_module.p if layer.training and self.fc1 else 0.0
-        self.block_queries: Optional[Tensor] = None  # [steps, rows, embed]
+        self.block_queries: Optional[Tensor] = None  # [tgt_len, bsz, embed_dim]
 
     def read_inputs_from(self, states: Tensor) -> None:
-        """The layer's inputs, [steps, rows, embed], as what reads them
+        """The layer's inputs, [tgt_len, bsz, embed_dim], as what reads them
         records them (the first layer's queries record theirs)."""
         if not self.first:
             (self.self_attn_layer_norm if self.pre_norm else self.self_attn.q_proj).inputs.write_into(states)
@@ -97,7 +102,7 @@ class FusedLayer:
     # --- once per block: the first layer's queries --------------------------------------------------
 
     def project_block_queries(self, x: Tensor) -> None:
-        """The queries of every step at once, from x [steps, rows, embed],
+        """The queries of every step at once, from x [tgt_len, bsz, embed_dim],
         the embeddings (the first layer's input)."""
         flat = x.view(-1, x.size(-1))
         if self.pre_norm:
@@ -108,7 +113,7 @@ class FusedLayer:
         self.block_queries = q_proj(flat, 0).view(*x.shape[:2], -1)
 
     def block_queries_backward(self, input_grads: Tensor) -> None:
-        """Adds what the block's queries give the embeddings' gradient, input_grads [steps, rows, embed]."""
+        """Adds what the block's queries give the embeddings' gradient, input_grads [tgt_len, bsz, embed_dim]."""
         q_proj = self.self_attn.q_proj
         grads, flat = q_proj.output_grads.joined(), input_grads.view(-1, input_grads.size(-1))
         if self.pre_norm:
@@ -120,8 +125,8 @@ class FusedLayer:
 
     def __call__(self, x: Tensor, t: int, memory_read: MemoryRead, encoder_read: Optional[EncoderRead],
                  masks: Optional[Tensor], activation_mask: Optional[Tensor], out: Optional[Tensor] = None) -> Tensor:
-        """The layer at step t: x [rows, embed]; masks [sublayers, rows,
-        embed] and activation_mask [rows, ffn], scaled (None: no dropout).
+        """The layer at step t: x [bsz, embed_dim]; masks [sublayers, rows,
+        embed] and activation_mask [bsz, ffn_embed_dim], scaled (None: no dropout).
         `out`: where a pre-norm layer writes its output."""
         self_attn, encoder_attn = self.self_attn, self.encoder_attn
 

@@ -46,45 +46,64 @@ class GraphedDecoding:
 
     def start(self, x: Tensor, span: int, encoder_kv: Optional[Tensor], hypotheses: int,
               empty_memory: Callable[[int, Tensor], Tensor]) -> dict:
-        """A new search of the new tokens x [time, rows, embed], `hypotheses`
-        rows per sentence: a static memory holding m_{-1} (`empty_memory(rows,
-        like)`: its keys and values), of the search's rows and of a capacity
-        for twice its padded source (or its prefix). Returns the search's
-        state, for the decoder to keep and hand to each call."""
+        """A new search: a static memory holding m_{-1}, of the search's rows
+        and of a capacity for twice its padded source (or its prefix).
+
+        Args:
+            x: the first call's new tokens embedded, [tgt_len, bsz, embed_dim].
+            span: how many slots a step sees at most.
+            encoder_kv: the encoder's keys and values, as decode takes them, or None.
+            hypotheses: rows per sentence (beam search's hypotheses, or 1).
+            empty_memory: empty_memory(bsz, like), m_{-1}'s keys and values
+                (FeedbackLoop.empty_memory).
+
+        Returns:
+            the search's state, for the decoder to keep and hand to each call.
+        """
         self.searches += 1
-        steps, rows, _ = x.shape
-        search = {"search": torch.tensor(self.searches, device="cpu"), "rows": torch.tensor(rows, device="cpu"),
+        tgt_len, bsz, _ = x.shape
+        search = {"search": torch.tensor(self.searches, device="cpu"), "rows": torch.tensor(bsz, device="cpu"),
                   "steps": torch.tensor(0, device="cpu"), "hypotheses": torch.tensor(hypotheses, device="cpu")}
-        guess = 2 ** steps.bit_length() if encoder_kv is None else 2 * bucket_wide(encoder_kv.size(4))
+        guess = 2 ** tgt_len.bit_length() if encoder_kv is None else 2 * bucket_wide(encoder_kv.size(4))
         capacity = min(max(16, guess), span + 1)
-        initial = empty_memory(bucket_wide(rows // hypotheses) * hypotheses, x)
+        initial = empty_memory(bucket_wide(bsz // hypotheses) * hypotheses, x)
         self._take(search, initial.size(2), capacity, like=initial)[1].start(initial)
         return search
 
     def decode(self, step: Callable, x: Tensor, span: int, search: dict, encoder_kv: Optional[Tensor],
-               encoder_bias: Optional[Tensor], parameters, key: Hashable, description: str) -> Tensor:
-        """fairseq's incremental decoding of the new tokens x [time, rows,
-        embed], one captured step each, for the search `search`; returns the
-        top layer's outputs. step(x, window, distance, encoder_kv,
-        encoder_bias) -> (top layer's output, m_t's keys and values), over the
-        memory's every slot at `distance` steps back, `span` at most visible;
-        `parameters`: what it reads (moved or converted: the graphs are
-        stale); `key`: what else its graph depends on, and `description` it
-        in words, for the log."""
-        rows, hypotheses = int(search["rows"]), int(search["hypotheses"])
+               encoder_bias: Optional[Tensor], parameters, graph_key: Hashable, description: str) -> Tensor:
+        """fairseq's incremental decoding of the new tokens, one captured step each.
+
+        Args:
+            step: step(x, window, distance, encoder_kv, encoder_bias) -> (the
+                top layer's output, m_t's keys and values), over the memory's
+                every slot at `distance` steps back (FeedbackLoop.step).
+            x: the new tokens embedded, [tgt_len, bsz, embed_dim].
+            span: how many slots a step sees at most.
+            search: the search's state (start's).
+            encoder_kv, encoder_bias: the encoder's keys and values and mask,
+                as GraphedFeedbackLoop.block takes them.
+            parameters: what `step` reads (moved or converted: the graphs are stale).
+            graph_key: what else its graph depends on; `description` says it
+                in words, for the log.
+
+        Returns:
+            the top layer's outputs, [tgt_len, bsz, embed_dim].
+        """
+        bsz, hypotheses = int(search["rows"]), int(search["hypotheses"])
         parameters = tuple(p.data_ptr() for p in parameters)
         autocast = autocast_dtype(x.device.type)
         outputs = []
         for h in x.unbind(0):
             memory_key, memory = self._memory(search)
             if int(search["steps"]) + 1 >= memory.capacity < span + 1:  # grow before the ring would wrap
-                bigger_key, bigger = self._take(search, memory.rows, min(2 * memory.capacity, span + 1),
+                bigger_key, bigger = self._take(search, memory.bsz, min(2 * memory.capacity, span + 1),
                                                 like=memory.slots)
-                memory.copy_to(bigger, torch.arange(rows, device=h.device), int(search["steps"]))
+                memory.copy_to(bigger, torch.arange(bsz, device=h.device), int(search["steps"]))
                 memory_key, memory = bigger_key, bigger
-            encoder_key, encoder = self._static_encoder(encoder_kv, encoder_bias, memory.rows // hypotheses)
-            graph_key = ("decode", memory_key, encoder_key, key, autocast, parameters)
-            shape = (f"decoding {memory.rows} rows, {memory.capacity} memory slots"
+            encoder_key, encoder = self._static_encoder(encoder_kv, encoder_bias, memory.bsz // hypotheses)
+            full_key = ("decode", memory_key, encoder_key, graph_key, autocast, parameters)
+            shape = (f"decoding {memory.bsz} rows, {memory.capacity} memory slots"
                      + ("" if encoder[0] is None else f", {encoder[0].size(4)} source positions")
                      + f", {description}, {h.dtype}{', autocast' if autocast else ''}")
 
@@ -95,19 +114,19 @@ class GraphedDecoding:
                 memory.write(kv)
                 return (out,)
 
-            (out,) = self.cache(graph_key, step_over_the_ring, [F.pad(h, (0, 0, 0, memory.rows - rows))],
+            (out,) = self.cache(full_key, step_over_the_ring, [F.pad(h, (0, 0, 0, memory.bsz - bsz))],
                                 state=[memory.slots, memory.slot_steps, memory.step], shape=shape)
-            outputs.append(out[:rows])
+            outputs.append(out[:bsz])
             search["steps"] += 1
         return torch.stack(outputs)
 
-    def _take(self, search, rows: int, capacity: int, like: Tensor) -> Tuple[tuple, StaticMemory]:
+    def _take(self, search, bsz: int, capacity: int, like: Tensor) -> Tuple[tuple, StaticMemory]:
         """The static memory of this shape (and its key), for the search
         `search` from now on; `like`: keys and values of the memory's shape
         (static_memory.py)."""
-        key = (rows, capacity, like.dtype)
+        key = (bsz, capacity, like.dtype)
         self.serving = (int(search["search"]), key)
-        return key, self._kept(self.memories, key, lambda: StaticMemory(capacity, rows, like))
+        return key, self._kept(self.memories, key, lambda: StaticMemory(capacity, bsz, like))
 
     def _memory(self, search) -> Tuple[tuple, StaticMemory]:
         serving, key = self.serving
@@ -131,10 +150,10 @@ class GraphedDecoding:
         positions are masked."""
         if encoder_kv is None:
             return None, NO_ENCODER
-        layers, _, real, heads, src_len, head_dim = encoder_kv.shape
+        layers, _, real, num_heads, src_len, head_dim = encoder_kv.shape
         key = (sentences, bucket_wide(src_len), encoder_kv.dtype)
         static = self._kept(self.encoders, key, lambda: [
-            encoder_kv.new_zeros(layers, 2, sentences, heads, key[1], head_dim),
+            encoder_kv.new_zeros(layers, 2, sentences, num_heads, key[1], head_dim),
             encoder_kv.new_zeros(sentences, 1, 1, key[1]), None])
         if static[2] is not encoder_kv:
             kv, bias = static[:2]
@@ -153,8 +172,8 @@ class GraphedDecoding:
         its buffers' addresses: theirs stay while it does)."""
         if key not in buffers:
             if len(buffers) >= CACHED_DECODING_BUFFERS:
-                used = {part for graph_key in self.cache.cached_keys() if graph_key[0] == "decode"
-                        for part in graph_key[1:3]}
+                used = {part for cached in self.cache.cached_keys() if cached[0] == "decode"
+                        for part in cached[1:3]}
                 for unused in [k for k in buffers if k not in used]:
                     del buffers[unused]
             buffers[key] = make()

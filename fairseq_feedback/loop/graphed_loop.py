@@ -42,10 +42,15 @@ ReplayedBlock = Callable[..., Tuple[Tensor, Tensor]]
 
 
 class GraphedFeedbackLoop:
-    """`mode`: "auto" captures on CUDA and leaves other devices to the eager
-    loop; "emulate" runs the same path through the stand-in backend, on any
-    device. The cache (`cache_options`: its bounds) is made at the first
-    call, on its device; `decoding` shares it."""
+    """The loop's blocks and a search's steps replayed from graphs. The cache
+    is made at the first call, on its device; `decoding` shares it.
+
+    Args:
+        mode: "auto" captures on CUDA and leaves other devices to the eager
+            loop; "emulate" runs the same path through the stand-in backend,
+            on any device.
+        cache_options: the cache's bounds (GraphCache: max_graphs, max_bytes).
+    """
 
     def __init__(self, mode: str = "auto", **cache_options):
         self.mode, self.cache_options = mode, cache_options
@@ -85,32 +90,42 @@ class GraphedFeedbackLoop:
                 and (self.cache.failed is None or search is not None))
 
     def block(self, fn: ReplayedBlock, x: Tensor, initial: Tensor, encoder_kv: Optional[Tensor],
-              encoder_bias: Optional[Tensor], parameters: Sequence[Tensor], key: Hashable,
+              encoder_bias: Optional[Tensor], parameters: Sequence[Tensor], graph_key: Hashable,
               description: str) -> Tuple[Tensor, Tensor]:
-        """fn(x, initial, encoder_kv, encoder_bias, *parameters) at the block's bucket:
-        x [time, batch, embed], the memory vectors `initial` [slots, batch,
-        embed] it starts from, the encoder's keys/values [layers, 2, batch,
-        heads, src_len, head_dim] and mask, each padded; the outputs cut back.
-        `parameters`: what fn reads besides its inputs (their gradients come
-        from the graph); `key`: what else fn's graph depends on, and
-        `description` it in words, for the log."""
-        steps, rows, _ = x.shape
-        padded_rows, padded_steps, padded_positions = self.block_shape(
-            rows, steps, None if encoder_kv is None else encoder_kv.size(4))
+        """fn(x, initial, encoder_kv, encoder_bias, *parameters) at the block's
+        bucket, each input padded to it, the outputs cut back.
+
+        Args:
+            fn: the block (FeedbackLoop.block_from).
+            x: the first layer's inputs, [tgt_len, bsz, embed_dim].
+            initial: the memory vectors the block starts from, [slots, bsz, embed_dim].
+            encoder_kv: the encoder's keys and values,
+                [layers, 2, sentences, num_heads, src_len, head_dim], or None.
+            encoder_bias: their padding mask as a bias, [sentences, 1, 1, src_len], or None.
+            parameters: what fn reads besides its inputs (their gradients come from the graph).
+            graph_key: what else fn's graph depends on; `description` says it
+                in words, for the log.
+
+        Returns:
+            fn's outputs: the top layer's [tgt_len, bsz, embed_dim] and the memory vectors, alike.
+        """
+        tgt_len, bsz, _ = x.shape
+        padded_bsz, padded_tgt_len, padded_positions = self.block_shape(
+            bsz, tgt_len, None if encoder_kv is None else encoder_kv.size(4))
         inputs = [
-            F.pad(x, (0, 0, 0, padded_rows - rows, 0, padded_steps - steps)),
-            F.pad(initial, (0, 0, 0, padded_rows - rows)),
-            *self._pad_encoder(encoder_kv, encoder_bias, padded_rows, padded_positions),
+            F.pad(x, (0, 0, 0, padded_bsz - bsz, 0, padded_tgt_len - tgt_len)),
+            F.pad(initial, (0, 0, 0, padded_bsz - bsz)),
+            *self._pad_encoder(encoder_kv, encoder_bias, padded_bsz, padded_positions),
         ]
         grad, autocast = torch.is_grad_enabled(), autocast_dtype(x.device.type)
-        full_key = (tuple(None if t is None else tuple(t.shape) for t in inputs), key, x.dtype, grad, autocast,
+        full_key = (tuple(None if t is None else tuple(t.shape) for t in inputs), graph_key, x.dtype, grad, autocast,
                     tuple(p.data_ptr() for p in parameters))  # parameters moved or converted: the graphs are stale
-        shape = (f"{padded_rows} rows x {padded_steps} steps"
+        shape = (f"{padded_bsz} rows x {padded_tgt_len} steps"
                  + ("" if encoder_kv is None else f" x {padded_positions} source positions")
                  + f", {description}, {x.dtype}{', autocast' if autocast else ''}"
                  + (", training" if grad else ", evaluation"))
         outputs, memories = self.cache(full_key, fn, inputs, parameters, shape=shape)
-        return outputs[:steps, :rows], memories[:steps, :rows]
+        return outputs[:tgt_len, :bsz], memories[:tgt_len, :bsz]
 
     def reorder(self, search: Optional[dict], new_order: Tensor) -> None:
         """Beam search's new order of the rows of `search` (None: none ran here)."""
@@ -126,9 +141,9 @@ class GraphedFeedbackLoop:
         return None if self.cache is None else self.cache.summary()
 
     @staticmethod
-    def block_shape(rows: int, steps: int, source_positions: Optional[int]):
+    def block_shape(bsz: int, tgt_len: int, source_positions: Optional[int]):
         """The bucket a block of these sizes is padded to."""
-        return bucket_wide(rows), bucket(steps), None if source_positions is None else bucket_wide(source_positions)
+        return bucket_wide(bsz), bucket(tgt_len), None if source_positions is None else bucket_wide(source_positions)
 
     @staticmethod
     def window(span: int, memory_span: int) -> int:
@@ -139,16 +154,16 @@ class GraphedFeedbackLoop:
         return min(bucket(span), memory_span)
 
     @staticmethod
-    def _pad_encoder(encoder_kv, encoder_bias, padded_rows: int, padded_len: int):
-        """Encoder keys/values [layers, 2, rows, heads, src_len, head_dim] and
+    def _pad_encoder(encoder_kv, encoder_bias, padded_bsz: int, padded_len: int):
+        """Encoder keys/values [layers, 2, sentences, num_heads, src_len, head_dim] and
         their mask, padded to bucketed rows and source positions; padded
         positions are masked, padded rows see zero keys and values."""
         if encoder_kv is None:
             return None, None
-        rows, src_len = encoder_kv.size(2), encoder_kv.size(4)
+        bsz, src_len = encoder_kv.size(2), encoder_kv.size(4)
         if encoder_bias is None:
-            encoder_bias = encoder_kv.new_zeros(rows, 1, 1, src_len)
+            encoder_bias = encoder_kv.new_zeros(bsz, 1, 1, src_len)
         encoder_bias = F.pad(encoder_bias, (0, padded_len - src_len), value=float("-inf"))
-        encoder_bias = F.pad(encoder_bias, (0, 0, 0, 0, 0, 0, 0, padded_rows - rows))  # whole rows: visible zeros
-        encoder_kv = F.pad(encoder_kv, (0, 0, 0, padded_len - src_len, 0, 0, 0, padded_rows - rows))
+        encoder_bias = F.pad(encoder_bias, (0, 0, 0, 0, 0, 0, 0, padded_bsz - bsz))  # whole rows: visible zeros
+        encoder_kv = F.pad(encoder_kv, (0, 0, 0, padded_len - src_len, 0, 0, 0, padded_bsz - bsz))
         return encoder_kv, encoder_bias

@@ -1,6 +1,6 @@
 """The fused block's operators, each at one step of a block, each with its backward written by hand.
 
-A piece is made for one block of `steps` steps, recording or not (set once:
+A piece is made for one block of `tgt_len` steps, recording or not (set once:
 a block records what its backward needs only when a gradient is wanted). It
 computes one step's output from one step's input, `piece(x, t)`, and one
 step's input gradient from its output's, `piece.backward(grad, t)`, later
@@ -9,7 +9,7 @@ per block, from the steps' records, in one product. Each backward states
 its equation beside its code; tests/test_loop_pieces.py checks each against
 autograd.
 
-Notation: x, y a step's input and output rows [rows, features]; g_y the
+Notation: x, y a step's input and output rows [bsz, features]; g_y the
 gradient of y; X, G every step's x and g_y of the block, stacked.
 """
 
@@ -21,14 +21,14 @@ from torch import Tensor, nn
 
 class StepRecords:
     """What a piece keeps of each step for its backward: a tensor per step,
-    [rows, features] each, and all of them as one [steps * rows, features]
+    [bsz, features] each, and all of them as one [tgt_len * bsz, features]
     matrix (`joined`) for a block's product. An operator that can write its
     output in place writes into one tensor of the whole block (`at`); other
     outputs are kept (`keep`) and concatenated once."""
 
-    def __init__(self, steps: int):
-        self.steps = steps
-        self.block: Optional[Tensor] = None  # [steps, rows, features]
+    def __init__(self, tgt_len: int):
+        self.tgt_len = tgt_len
+        self.block: Optional[Tensor] = None  # [tgt_len, bsz, features]
         self.kept: Dict[int, Tensor] = {}
 
     def write_into(self, block: Tensor) -> None:
@@ -36,9 +36,9 @@ class StepRecords:
         self.block, self.kept = block, dict(enumerate(block.unbind(0)))  # each step's view, made once
 
     def at(self, t: int, like: Tensor, features: Optional[int] = None) -> Tensor:
-        """Where step t writes its record [rows, features]: like's rows, and its features by default."""
+        """Where step t writes its record [bsz, features]: like's rows, and its features by default."""
         if self.block is None:
-            self.write_into(like.new_empty(self.steps, like.size(0), like.size(-1) if features is None else features))
+            self.write_into(like.new_empty(self.tgt_len, like.size(0), like.size(-1) if features is None else features))
         return self.kept[t]
 
     def keep(self, t: int, tensor: Tensor) -> None:
@@ -50,7 +50,7 @@ class StepRecords:
 
     def joined(self) -> Tensor:
         if self.block is None:
-            return torch.cat([self.kept[t] for t in range(self.steps)])
+            return torch.cat([self.kept[t] for t in range(self.tgt_len)])
         return self.block.view(-1, self.block.size(-1))
 
 
@@ -62,9 +62,9 @@ class Linear:
         dW  = s G^T X,   db = s sum_rows G                         (once per block)
     """
 
-    def __init__(self, module: nn.Linear, steps: int, recording: bool, scale: float = 1.0):
+    def __init__(self, module: nn.Linear, tgt_len: int, recording: bool, scale: float = 1.0):
         self.weight, self.bias, self.scale, self.recording = module.weight, module.bias, scale, recording
-        self.inputs, self.output_grads = StepRecords(steps), StepRecords(steps)
+        self.inputs, self.output_grads = StepRecords(tgt_len), StepRecords(tgt_len)
         self.nothing: Optional[Tensor] = None  # what a product with beta=0 adds to
 
     def __call__(self, x: Tensor, t: int, out: Optional[Tensor] = None) -> Tensor:
@@ -104,10 +104,10 @@ class Norm:
     Whether it comes before a sublayer or after its residual (pre- or
     post-norm) is the layer's business (fused_layer.py)."""
 
-    def __init__(self, module: nn.LayerNorm, steps: int, recording: bool):
+    def __init__(self, module: nn.LayerNorm, tgt_len: int, recording: bool):
         self.weight, self.bias, self.eps, self.shape = module.weight, module.bias, module.eps, module.normalized_shape
         self.recording = recording
-        self.inputs, self.output_grads = StepRecords(steps), StepRecords(steps)
+        self.inputs, self.output_grads = StepRecords(tgt_len), StepRecords(tgt_len)
         self.means: Dict[int, Tensor] = {}
         self.rstds: Dict[int, Tensor] = {}  # 1 / sigma
 
@@ -126,10 +126,10 @@ class Norm:
 
     def weight_grads(self) -> List[Tensor]:
         """[dgamma, dbeta]."""
-        steps = range(self.inputs.steps)
+        tgt_len = range(self.inputs.tgt_len)
         _, weight, bias = torch.ops.aten.native_layer_norm_backward(
-            self.output_grads.joined(), self.inputs.joined(), self.shape, torch.cat([self.means[t] for t in steps]),
-            torch.cat([self.rstds[t] for t in steps]), self.weight, self.bias, [False, True, True])
+            self.output_grads.joined(), self.inputs.joined(), self.shape, torch.cat([self.means[t] for t in tgt_len]),
+            torch.cat([self.rstds[t] for t in tgt_len]), self.weight, self.bias, [False, True, True])
         return [weight, bias]
 
 
@@ -148,28 +148,28 @@ def residual_grad(grad: Tensor, mask: Tensor, out: Optional[Tensor] = None) -> T
     return torch.mul(grad, mask, out=out)
 
 
-def split_heads(x: Tensor, heads: int, groups: int) -> Tensor:
-    """[rows, heads * head_dim] -> [sequences * heads, groups, head_dim]:
-    `groups` consecutive rows (beam hypotheses) share one sequence's keys."""
-    rows = x.size(0)
-    return x.view(rows // groups, groups, heads, -1).transpose(1, 2).reshape(rows // groups * heads, groups, -1)
+def split_heads(x: Tensor, num_heads: int, beam: int) -> Tensor:
+    """[bsz, num_heads * head_dim] -> [sentences * num_heads, beam, head_dim]:
+    `beam` consecutive rows (a sentence's hypotheses) share one sentence's keys."""
+    bsz = x.size(0)
+    return x.view(bsz // beam, beam, num_heads, -1).transpose(1, 2).reshape(bsz // beam * num_heads, beam, -1)
 
 
-def merge_heads(a: Tensor, heads: int, groups: int) -> Tensor:
+def merge_heads(a: Tensor, num_heads: int, beam: int) -> Tensor:
     """The inverse of split_heads."""
-    return a.view(-1, heads, groups, a.size(-1)).transpose(1, 2).reshape(-1, heads * a.size(-1))
+    return a.view(-1, num_heads, beam, a.size(-1)).transpose(1, 2).reshape(-1, num_heads * a.size(-1))
 
 
-def per_row(bias: Optional[Tensor], rows: int) -> Optional[Tensor]:
-    """A bias on the scores, [heads or 1, queries, slots], as the scores of
-    `rows` sequences take it: [rows * heads or 1, queries, slots]."""
+def per_row(bias: Optional[Tensor], bsz: int) -> Optional[Tensor]:
+    """A bias on the scores, [num_heads or 1, queries, slots], as the scores of
+    `bsz` rows take it: [bsz * num_heads or 1, queries, slots]."""
     if bias is None or bias.size(0) == 1:
         return bias
-    return bias.expand(rows, *bias.shape).reshape(-1, *bias.shape[1:])
+    return bias.expand(bsz, *bias.shape).reshape(-1, *bias.shape[1:])
 
 
 class Attention:
-    """fairseq's attention of one query row per sequence (or per beam
+    """fairseq's attention of one query row per sentence (or per beam
     hypothesis) over keys and values projected beforehand, between its
     query projection (q_proj, scaled by 1 / sqrt(d_head)) and its output
     projection (out_proj): per head,
@@ -181,9 +181,9 @@ class Attention:
 
         g_P = g_a V^T
         g_S = P * (g_P - rowsum(g_P * P))                          (softmax's backward)
-        g_q = g_S K,   g_K = g_S^T q,   g_V = P^T g_a,   g_B = sum_sequences g_S
+        g_q = g_S K,   g_K = g_S^T q,   g_V = P^T g_a,   g_B = sum_sentences g_S
 
-    With one query row per sequence (the memory's), g_K and g_V are outer
+    With one query row per sentence (the memory's), g_K and g_V are outer
     products, added in place into the memory's gradient at every step; for
     keys and values that every step reads (the encoder's), g_K = sum_t g_S,t^T q_t
     and g_V = sum_t P_t^T g_a,t come once per block, one product each.
@@ -191,11 +191,11 @@ class Attention:
     (long spans, where it would take more room than the step's feed-forward
     activations)."""
 
-    def __init__(self, module, steps: int, recording: bool, keep_probs: bool = True):
-        self.q_proj = Linear(module.q_proj, steps, recording, module.head_dim**-0.5)
-        self.out_proj = Linear(module.out_proj, steps, recording)
-        self.heads, self.keep_probs, self.recording, self.groups = module.num_heads, keep_probs, recording, 1
-        self.queries: Dict[int, Tensor] = {}  # [sequences * heads, rows per sequence, head_dim], by step
+    def __init__(self, module, tgt_len: int, recording: bool, keep_probs: bool = True):
+        self.q_proj = Linear(module.q_proj, tgt_len, recording, module.head_dim**-0.5)
+        self.out_proj = Linear(module.out_proj, tgt_len, recording)
+        self.num_heads, self.keep_probs, self.recording, self.beam = module.num_heads, keep_probs, recording, 1
+        self.queries: Dict[int, Tensor] = {}  # [sentences * num_heads, beam, head_dim], by step
         self.probs: Dict[int, Tensor] = {}
         self.score_grads: Dict[int, Tensor] = {}  # for key_value_grads
         self.attended_grads: Dict[int, Tensor] = {}
@@ -204,20 +204,29 @@ class Attention:
     def _scores(q: Tensor, keys: Tensor, bias: Optional[Tensor]) -> Tensor:
         return torch.bmm(q, keys.transpose(1, 2)) if bias is None else torch.baddbmm(bias, q, keys.transpose(1, 2))
 
-    def __call__(self, q: Tensor, t: int, keys: Tensor, values: Tensor, bias: Optional[Tensor], groups: int) -> Tensor:
-        """q: the projected queries [rows, heads * head_dim]; keys, values
-        [sequences * heads, slots, head_dim]; bias broadcasting to the scores
-        [sequences * heads, groups, slots]; `groups` rows per sequence (beam
-        hypotheses that share the encoder's keys: 1 for the memory's)."""
-        q = split_heads(q, self.heads, groups)
+    def __call__(self, q: Tensor, t: int, keys: Tensor, values: Tensor, bias: Optional[Tensor], beam: int) -> Tensor:
+        """The attention of one step's queries.
+
+        Args:
+            q: the projected queries, [bsz, num_heads * head_dim].
+            t: the step.
+            keys, values: [sentences * num_heads, slots, head_dim].
+            bias: broadcasting to the scores [sentences * num_heads, beam, slots], or None.
+            beam: rows per sentence (beam hypotheses that share the encoder's
+                keys: 1 for the memory's); bsz = sentences * beam.
+
+        Returns:
+            out_proj's output, [bsz, embed_dim].
+        """
+        q = split_heads(q, self.num_heads, beam)
         probs = torch.softmax(self._scores(q, keys, bias), -1)
         if self.recording:
-            self.queries[t], self.groups = q, groups
+            self.queries[t], self.beam = q, beam
             if self.keep_probs:
                 self.probs[t] = probs
-        if not self.recording or groups > 1:
-            return self.out_proj(merge_heads(torch.bmm(probs, values), self.heads, groups), t)
-        attended = self.out_proj.inputs.at(t, q.view(-1, self.heads * q.size(-1)))  # one query row per sequence
+        if not self.recording or beam > 1:
+            return self.out_proj(merge_heads(torch.bmm(probs, values), self.num_heads, beam), t)
+        attended = self.out_proj.inputs.at(t, q.view(-1, self.num_heads * q.size(-1)))  # one query row per sentence
         torch.bmm(probs, values, out=attended.view(q.shape))
         return self.out_proj(attended, t)
 
@@ -227,11 +236,11 @@ class Attention:
         """g_q (the projected queries' gradient, in q_proj's records) from
         out_proj's output gradient `grad`. g_K, g_V and g_B are added into
         `key_grads` (written there if `overwrite_key_grads`), `value_grads`
-        and `bias_grads` [heads, 1, slots]; with no `key_grads`, g_K and g_V
+        and `bias_grads` [num_heads, 1, slots]; with no `key_grads`, g_K and g_V
         come once per block (key_value_grads)."""
         q = self.queries[t]
         probs = self.probs[t] if self.keep_probs else torch.softmax(self._scores(q, keys, bias), -1)
-        attended = split_heads(self.out_proj.backward(grad, t), self.heads, self.groups)  # g_a
+        attended = split_heads(self.out_proj.backward(grad, t), self.num_heads, self.beam)  # g_a
         scores = torch._softmax_backward_data(torch.bmm(attended, values.transpose(1, 2)), probs, -1, probs.dtype)
         if key_grads is None:
             self.score_grads[t], self.attended_grads[t] = scores, attended
@@ -245,20 +254,20 @@ class Attention:
                 key_grads.addcmul_(scores.transpose(1, 2), q)
         if bias_grads is not None:
             bias_grads += scores.view(-1, *bias_grads.shape).sum(0)
-        if self.groups > 1:
-            return merge_heads(torch.bmm(scores, keys), self.heads, self.groups)
-        queries = self.q_proj.output_grads.at(t, grad, q.size(-1) * self.heads)
+        if self.beam > 1:
+            return merge_heads(torch.bmm(scores, keys), self.num_heads, self.beam)
+        queries = self.q_proj.output_grads.at(t, grad, q.size(-1) * self.num_heads)
         torch.bmm(scores, keys, out=queries.view(q.shape))
         return queries
 
     def key_value_grads(self, key_grads: Tensor, value_grads: Tensor) -> None:
         """g_K and g_V of keys and values that every step reads (the
         encoder's), over the block, written into `key_grads` and
-        `value_grads` [sequences * heads, slots, head_dim]."""
-        steps = range(len(self.queries))
+        `value_grads` [sentences * num_heads, slots, head_dim]."""
+        tgt_len = range(len(self.queries))
 
         def joined(by_step):
-            return torch.cat([by_step[t] for t in steps], 1)
+            return torch.cat([by_step[t] for t in tgt_len], 1)
 
         torch.bmm(joined(self.score_grads).transpose(1, 2), joined(self.queries), out=key_grads)
         torch.bmm(joined(self.probs).transpose(1, 2), joined(self.attended_grads), out=value_grads)
@@ -266,8 +275,8 @@ class Attention:
 
 class MemoryWindows:
     """What each step of a block reads of the memory's slots, laid out for
-    attention, [planes, rows, heads, slots, head_dim]: the last `span` slots
-    before its own, one [rows * heads, slots, head_dim] view per plane (a
+    attention, [planes, bsz, num_heads, slots, head_dim]: the last `span` slots
+    before its own, one [bsz * num_heads, slots, head_dim] view per plane (a
     key or a value of one key/value projection), and the keys with relative
     positions (memory_view.py), p [span, head_dim] of a full window:
 
@@ -281,16 +290,16 @@ class MemoryWindows:
     the block's first step; `slot_grads`, `position_grads`: where the
     backward adds the slots' and the positions' gradients (None forward)."""
 
-    def __init__(self, slots: Tensor, slot_grads: Optional[Tensor], initial: int, span: int, heads: int,
+    def __init__(self, slots: Tensor, slot_grads: Optional[Tensor], initial: int, span: int, num_heads: int,
                  positions: Optional[Tensor], position_grads: Optional[Tensor] = None):
-        self.slots, self.slot_grads, self.initial, self.span, self.heads = slots, slot_grads, initial, span, heads
+        self.slots, self.slot_grads, self.initial, self.span, self.num_heads = slots, slot_grads, initial, span, num_heads
         self.positions, self.position_grads = positions, position_grads
 
         def room():
-            """A [rows * heads, span, head_dim] per key projection, with positions."""
+            """A [bsz * num_heads, span, head_dim] per key projection, with positions."""
             if positions is None:
                 return []
-            return [slots.new_empty(slots.size(1) * heads, span, slots.size(-1)) for _ in range(slots.size(0) // 2)]
+            return [slots.new_empty(slots.size(1) * num_heads, span, slots.size(-1)) for _ in range(slots.size(0) // 2)]
 
         self.keys_room = room()
         self.key_grads_room = [] if slot_grads is None else room()
@@ -308,8 +317,8 @@ class MemoryWindows:
         keys = planes[0::2]
         if self.positions is None:
             return list(keys)
-        return [torch.add(k.view(-1, self.heads, *k.shape[1:]), self.positions[-k.size(1):],
-                          out=out[:, : k.size(1)].view(-1, self.heads, *k.shape[1:])).flatten(0, 1)
+        return [torch.add(k.view(-1, self.num_heads, *k.shape[1:]), self.positions[-k.size(1):],
+                          out=out[:, : k.size(1)].view(-1, self.num_heads, *k.shape[1:])).flatten(0, 1)
                 for k, out in zip(keys, self.keys_room)]
 
     def grads(self, t: int):
@@ -338,7 +347,7 @@ class MemoryWindows:
 
 class Mixing:
     """Eq. 1 at each step of a block: m_t = sum_l w_l x_t^l, the memory
-    vector from the states x_t^0 .. x_t^L, [layers + 1, steps, rows, embed]
+    vector from the states x_t^0 .. x_t^L, [layers + 1, tgt_len, bsz, embed_dim]
     (written there by the layers), as one product:
 
         g_x_t^l += w_l g_m_t                                          (add_share)
@@ -352,7 +361,7 @@ class Mixing:
         self.memory_grads = StepRecords(states.size(1))
 
     def __call__(self, t: int, out: Tensor) -> Tensor:
-        """m_t into `out` [rows, embed]."""
+        """m_t into `out` [bsz, embed_dim]."""
         layers = len(self.states)
         return torch.mm(self.weights, self.states[:, t].view(layers, -1), out=out.view(1, -1)).view_as(out)
 

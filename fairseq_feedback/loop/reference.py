@@ -24,11 +24,15 @@ def persistent_vectors(layers: Sequence) -> List:
 
 def memory_views(memory, window: Tuple[Tensor, ...], positions: Optional[Tensor], biases: Sequence[Optional[Tensor]],
                  persistent: Sequence) -> List[MemoryView]:
-    """What each layer reads at one step: keys (with relative positions,
-    `positions` [slots, head_dim] of a full window) and values of the
-    memory's `window` (FeedbackMemory `memory`'s slots, one [rows, heads,
-    slots, head_dim] view per plane), its bias (of a full window: the last
-    slots are kept) and its persistent vectors."""
+    """What each layer reads at one step (MemoryView).
+
+    Args:
+        memory: the decoder's FeedbackMemory.
+        window: its slots that the step reads, one [bsz, num_heads, slots, head_dim] view per plane.
+        positions: the relative positions of a full window, [span, head_dim], or None.
+        biases: each layer's bias of a full window (its last slots are kept), or None.
+        persistent: each layer's persistent (keys, values), or None.
+    """
     return [MemoryView(keys, values, None if bias is None else bias[..., -keys.size(2):], vectors)
             for (keys, values), bias, vectors in zip(
                 memory.layer_keys_values(window, lambda k: with_positions(k, positions)), biases, persistent)]
@@ -37,9 +41,19 @@ def memory_views(memory, window: Tuple[Tensor, ...], positions: Optional[Tensor]
 def reference_step(x: Tensor, views: Sequence[MemoryView], layers: Sequence,
                    encoder_kv: Sequence[Optional[Tuple[Tensor, Tensor]]], encoder_bias: Optional[Tensor], memory,
                    weights: Tensor) -> Tuple[Tensor, Tensor]:
-    """One step through every layer, each reading its view of the memory,
-    x_t^{l+1} = Layer_l(x_t^l, memory): the top layer's output, and the
-    step's memory vector m_t (eq. 1, FeedbackMemory `memory` with `weights`)."""
+    """One step through every layer, x_t^{l+1} = Layer_l(x_t^l, memory), then eq. 1.
+
+    Args:
+        x: x_t^0, [bsz, embed_dim].
+        views: what each layer reads (memory_views).
+        layers: the layers, None where LayerDrop left one out (it passes its input on).
+        encoder_kv: each layer's encoder (keys, values) (per_layer).
+        encoder_bias: their padding mask as a bias, [sentences, 1, 1, src_len], or None.
+        memory: the decoder's FeedbackMemory; `weights` its mixing weights.
+
+    Returns:
+        the top layer's output and m_t, [bsz, embed_dim] each.
+    """
     states = [x]
     for layer, view, kv in zip(layers, views, encoder_kv):
         if layer is not None:
@@ -49,10 +63,12 @@ def reference_step(x: Tensor, views: Sequence[MemoryView], layers: Sequence,
 
 
 class ReferenceLoop:
-    """FeedbackLoop.block (feedback_loop.py) for one block, step by step; its
-    arguments as FusedFeedbackLoop takes them. Each step appends the keys
-    and values of its memory vector to `buffer` and reads the window of the
-    last `span`."""
+    """FeedbackLoop.block (feedback_loop.py) for one block, step by step. Each
+    step appends the keys and values of its memory vector to `buffer` and
+    reads the window of the last `span`.
+
+    Args: as FusedFeedbackLoop takes them.
+    """
 
     def __init__(self, memory, layers: Sequence, buffer: KeyValueBuffer, window: Tuple[Tensor, ...], span: int,
                  positions: Optional[Tensor], span_biases: Sequence[Optional[Tensor]], weights: Tensor):
@@ -60,7 +76,7 @@ class ReferenceLoop:
         self.positions, self.span_biases, self.weights = positions, span_biases, weights
 
     def __call__(self, x: Tensor, encoder_kv: Optional[Tensor], encoder_bias: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
-        """The top layer's outputs and the memory vectors, [steps, rows, embed] each."""
+        """The top layer's outputs and the memory vectors, [tgt_len, bsz, embed_dim] each."""
         persistent = persistent_vectors(self.layers)
         encoder_kv = per_layer(encoder_kv, len(self.layers))
         window, outputs, memories = self.window, [], []

@@ -27,10 +27,17 @@ NEVER = -(2**40)  # the step of an empty slot: never visible
 
 
 class StaticMemory:
-    def __init__(self, capacity: int, rows: int, like: Tensor):
-        """`like`: keys and values of memory vectors, [slots, planes, rows,
-        heads, head_dim], whose sizes, dtype and device these have."""
-        self.slots = like.new_zeros((capacity, like.size(1), rows) + like.shape[3:])
+    """The memory's keys and values as a ring of fixed shape.
+
+    Args:
+        capacity: the slots of the ring.
+        bsz: its rows (a search's sentences, bucketed, times the beam).
+        like: keys and values of memory vectors, [slots, planes, bsz,
+            num_heads, head_dim], whose other sizes, dtype and device these have.
+    """
+
+    def __init__(self, capacity: int, bsz: int, like: Tensor):
+        self.slots = like.new_zeros((capacity, like.size(1), bsz) + like.shape[3:])
         self.slot_steps = torch.full((capacity,), NEVER, dtype=torch.long, device=like.device)
         self.step = torch.zeros((), dtype=torch.long, device=like.device)  # t: the next step to run
 
@@ -39,7 +46,7 @@ class StaticMemory:
         return self.slots.size(0)
 
     @property
-    def rows(self) -> int:
+    def bsz(self) -> int:
         return self.slots.size(2)
 
     def start(self, initial_kv: Tensor) -> None:
@@ -51,23 +58,23 @@ class StaticMemory:
         self.slot_steps[0] = -1
 
     def read(self) -> Tuple[Tuple[Tensor, ...], Tensor]:
-        """Every slot, as one [rows, heads, slots, head_dim] view per plane,
+        """Every slot, as one [bsz, num_heads, slots, head_dim] view per plane,
         and each slot's distance from the current step."""
         return tuple(self.slots.permute(1, 2, 3, 0, 4).unbind(0)), self.step - self.slot_steps
 
     def write(self, kv: Tensor) -> None:
-        """Stores the current step's keys and values ([1, planes, rows, heads,
+        """Stores the current step's keys and values ([1, planes, bsz, num_heads,
         head_dim]) and moves on a step: in place, with no host involved."""
         slot = ((self.step + 1) % self.capacity).view(1)
         self.slots.index_copy_(0, slot, kv)
         self.slot_steps.index_copy_(0, slot, self.step.view(1))
         self.step += 1
 
-    def copy_to(self, other: "StaticMemory", order: Tensor, steps: int) -> None:
+    def copy_to(self, other: "StaticMemory", order: Tensor, steps_taken: int) -> None:
         """Into `other` (as large, or larger before the ring wraps), the rows
-        `order` selects (beam search), of the slots filled after `steps`
+        `order` selects (beam search), of the slots filled after `steps_taken`
         steps; the rest of `other` is cleared."""
-        filled = min(steps + 1, self.capacity)
+        filled = min(steps_taken + 1, self.capacity)
         selected = self.slots[:filled].index_select(2, order)  # before clearing: `other` may be this memory
         other.slots.zero_()
         other.slots[:filled, :, : len(order)] = selected

@@ -161,15 +161,15 @@ def check_heads(args) -> None:
     if encoder_dim is not None and encoder_dim % args.encoder_attention_heads:
         raise FeedbackUsageError(f"--encoder-embed-dim {encoder_dim} is not divisible by "
                                  f"--encoder-attention-heads {args.encoder_attention_heads}: change one")
-    dim, heads = args.decoder_embed_dim, args.decoder_attention_heads
-    if dim % heads == 0:
+    dim, num_heads = args.decoder_embed_dim, args.decoder_attention_heads
+    if dim % num_heads == 0:
         return
     if encoder_dim is not None and not getattr(args, "no_cross_attention", False):
-        raise FeedbackUsageError(f"--decoder-embed-dim {dim} is not divisible by --decoder-attention-heads {heads}: "
+        raise FeedbackUsageError(f"--decoder-embed-dim {dim} is not divisible by --decoder-attention-heads {num_heads}: "
                                  "change one (the decoder's attention over the encoder splits its dimension "
                                  "among the heads, whatever --head-dim)")
     if not args.head_dim:
-        raise FeedbackUsageError(f"--decoder-embed-dim {dim} is not divisible by --decoder-attention-heads {heads}: "
+        raise FeedbackUsageError(f"--decoder-embed-dim {dim} is not divisible by --decoder-attention-heads {num_heads}: "
                                  "change one, or set --head-dim")
 
 

@@ -39,9 +39,9 @@ logger = logging.getLogger(__name__)
 class FeedbackDecoder(MemoryDecoder):
     def __init__(self, cfg, dictionary, embed_tokens, no_encoder_attn=False, output_projection=None):
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn, output_projection)
-        heads = cfg.decoder.attention_heads
+        num_heads = cfg.decoder.attention_heads
         self.memory = FeedbackMemory(
-            self.embed_dim, self.num_layers, heads, cfg.head_dim or self.embed_dim // heads,
+            self.embed_dim, self.num_layers, num_heads, cfg.head_dim or self.embed_dim // num_heads,
             shared_kv=not cfg.per_layer_kv, normalize_before=cfg.decoder.normalize_before,
             composition=cfg.memory_composition,
         )
@@ -107,7 +107,7 @@ class FeedbackDecoder(MemoryDecoder):
         window = self.graphed.window(span, self.span)
         loop = self.loop(layers, window, self.unfused_reason(layers, x.device.type))
         return self.graphed.block(loop.block_from, x, previous[-window:], encoder_kv, encoder_bias,
-                                  loop.parameters(), key=(window, self.training, loop.fused),
+                                  loop.parameters(), graph_key=(window, self.training, loop.fused),
                                   description=f"span {window}")
 
     def _decode_graphed(self, x, span, layers, encoder_kv, encoder_bias, incremental_state, search):
@@ -120,7 +120,7 @@ class FeedbackDecoder(MemoryDecoder):
                                                  loop.empty_memory)
             self.set_incremental_state(incremental_state, "static_memory", search)
         return self.graphed.decoding.decode(loop.step, x, span, search, encoder_kv, encoder_bias, loop.parameters(),
-                                            key=(span, tuple(layer is not None for layer in layers), loop.fused),
+                                            graph_key=(span, tuple(layer is not None for layer in layers), loop.fused),
                                             description=f"span {span}")
 
     def train(self, mode: bool = True):

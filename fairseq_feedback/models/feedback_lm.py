@@ -120,14 +120,26 @@ class FeedbackLanguageModel(PluginModel, TransformerLanguageModel):
                                  args.quant_noise_pq, args.quant_noise_pq_block_size)
         return cls.build_embedding(args, dictionary, args.decoder_input_dim)
 
-    def forward(self, src_tokens, src_lengths=None, stream=None, block=None, **kwargs):
-        """`stream` names a stream the feedback_language_modeling task delivers
-        block by block; `block` is the block's number in it. The memory left by
-        block k-1 of the same stream is carried into block k; block 0 starts
-        fresh. Without them the call is self-contained (hub scoring, tests)."""
+    def forward(self, src_tokens, src_lengths=None, stream=None, block_index=None, **kwargs):
+        """The decoder on a block of tokens, carrying its stream's memory.
+
+        The memory left by block k-1 of a stream is carried into block k;
+        block 0 starts fresh. Without a stream the call is self-contained (hub
+        scoring, tests).
+
+        Args:
+            src_tokens: [bsz, tgt_len].
+            src_lengths: unused (the blocks of a stream are not padded but at its end).
+            stream: the name of a stream the feedback_language_modeling task
+                delivers block by block (its split's), or None.
+            block_index: the block's number k in the stream.
+
+        Returns:
+            the decoder's output and extra outputs, as fairseq's language models return them.
+        """
         state = None
         if stream is not None:
-            if block == 0 or stream not in self.streams:
+            if block_index == 0 or stream not in self.streams:
                 self.streams[stream] = StreamState()
             state = self.streams[stream]
         return self.decoder(src_tokens, stream_state=state, **kwargs)
@@ -141,9 +153,9 @@ ADAPTIVE_INPUT_AND_SOFTMAX = dict(adaptive_input=True, tie_adaptive_weights=True
                                   adaptive_input_cutoff="20000,60000", adaptive_softmax_cutoff="20000,60000")
 
 
-def _sizes(layers, embed_dim, ffn_dim, heads, dropout, head_dim=None):
+def _sizes(layers, embed_dim, ffn_dim, num_heads, dropout, head_dim=None):
     return dict(decoder_layers=layers, decoder_embed_dim=embed_dim, decoder_ffn_embed_dim=ffn_dim,
-                decoder_attention_heads=heads, head_dim=head_dim, dropout=dropout)
+                decoder_attention_heads=num_heads, head_dim=head_dim, dropout=dropout)
 
 
 @register_model_architecture("feedback_lm", "feedback_lm_wiki103")

@@ -49,14 +49,20 @@ class StreamState:
 
 
 class MemoryDecoder(TransformerDecoderBase):
-    """`cfg` is fairseq's TransformerConfig with the FeedbackConfig fields on it."""
+    """fairseq's TransformerDecoderBase with layers that attend to a memory.
+
+    Args:
+        cfg: fairseq's TransformerConfig with the FeedbackConfig fields on it.
+        dictionary, embed_tokens, no_encoder_attn, output_projection: as for
+            fairseq's TransformerDecoderBase.
+    """
 
     def __init__(self, cfg, dictionary, embed_tokens, no_encoder_attn=False, output_projection=None):
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn, output_projection)
         self.span = cfg.memory_span
         head_dim = cfg.head_dim or self.embed_dim // cfg.decoder.attention_heads
         self.span_loss_coefficient = cfg.adaptive_span_loss if cfg.adaptive_span else 0.0
-        # key-side relative positions, shared by all layers and heads: row
+        # key-side relative positions, shared by all layers and heads: entry
         # span - 1 embeds the nearest slot (modules/memory_view.py)
         self.key_positions = (
             nn.Parameter(torch.randn(self.span, head_dim) * head_dim**-0.5) if cfg.relative_positions else None
@@ -68,14 +74,25 @@ class MemoryDecoder(TransformerDecoderBase):
     def decode(self, x: Tensor, layers: List[Optional[MemoryDecoderLayer]], encoder_kv: Optional[Tensor],
                encoder_bias: Optional[Tensor], incremental_state: Optional[IncrementalState] = None,
                stream_state: Optional[StreamState] = None) -> Tensor:
-        """The layers on the embedded new tokens x ([time, batch, embed]);
-        returns the top layer's outputs. `layers` holds None for a layer that
-        LayerDrop left out of this pass; `encoder_kv` the encoder's keys and
-        values for every layer, [layers, 2, sentences, heads, src_len, head_dim]."""
+        """The layers on the embedded new tokens (the subclass's own).
+
+        Args:
+            x: x^0, the new tokens embedded, [tgt_len, bsz, embed_dim].
+            layers: every layer, None where LayerDrop left one out of this pass.
+            encoder_kv: every layer's encoder keys and values,
+                [layers, 2, sentences, num_heads, src_len, head_dim], or None.
+            encoder_bias: the encoder's padding mask as a bias, [sentences, 1, 1, src_len], or None.
+            incremental_state: fairseq's, in incremental decoding (the memory's
+                keys and values cached there).
+            stream_state: a stream's StreamState, in the streaming LM task.
+
+        Returns:
+            the top layer's outputs, [tgt_len, bsz, embed_dim].
+        """
         raise NotImplementedError
 
     def embed(self, tokens: Tensor, positions: Optional[Tensor]) -> Tensor:
-        """x^0: tokens [batch, time] -> [time, batch, embed], as fairseq's decoder embeds them."""
+        """x^0: tokens [bsz, tgt_len] -> [tgt_len, bsz, embed_dim], as fairseq's decoder embeds them."""
         x = self.embed_scale * self.embed_tokens(tokens)
         if self.quant_noise is not None:
             x = self.quant_noise(x)
@@ -100,9 +117,21 @@ class MemoryDecoder(TransformerDecoderBase):
         stream_state: Optional[StreamState] = None,
         **unused,
     ):
-        """`incremental_state`: fairseq's decoding protocol; each call after
-        the first feeds its last token. `stream_state`: a language model's
-        stream, block after block (the decoder carries its memory there)."""
+        """fairseq's decoder protocol, and the streaming LM task's.
+
+        Args:
+            prev_output_tokens: [bsz, tgt_len] (in incremental decoding, every
+                token so far; the call feeds the last).
+            encoder_out: fairseq's encoder output (its "encoder_out":
+                [src_len, bsz, embed_dim]), or None for a language model.
+            incremental_state: fairseq's decoding protocol: each call after the
+                first feeds its last token.
+            stream_state: a language model's stream, block after block (the
+                decoder carries its memory there: StreamState).
+
+        Returns:
+            the features [bsz, tgt_len, embed_dim], and fairseq's extra outputs.
+        """
         decoding = self.get_incremental_state(incremental_state, "decoding")
         tokens = prev_output_tokens if decoding is None else prev_output_tokens[:, -1:]
         positions = None
@@ -175,13 +204,13 @@ class MemoryDecoder(TransformerDecoderBase):
         if incremental_state is None or beam == 1 or encoder_out is None or not encoder_out["encoder_out"]:
             return 1
         enc = encoder_out["encoder_out"][0]
-        src_len, rows, dim = enc.shape
-        grouped = rows % beam == 0 and bool((enc.view(src_len, -1, beam, dim) == enc[:, ::beam, None]).all())
+        src_len, bsz, dim = enc.shape
+        grouped = bsz % beam == 0 and bool((enc.view(src_len, -1, beam, dim) == enc[:, ::beam, None]).all())
         return beam if grouped else 1
 
     def _encoder_keys_values(self, encoder_out, hypotheses_per_sentence: int) -> Optional[Tensor]:
         """Keys and values of the encoder output for every layer, projected once
-        per sentence: [layers, 2, sentences, heads, src_len, head_dim]."""
+        per sentence: [layers, 2, sentences, num_heads, src_len, head_dim]."""
         if encoder_out is None or len(encoder_out["encoder_out"]) == 0 or self.layers[0].encoder_attn is None:
             return None
         enc = encoder_out["encoder_out"][0][:, ::hypotheses_per_sentence]
@@ -194,7 +223,7 @@ class MemoryDecoder(TransformerDecoderBase):
         padding = encoder_out["encoder_padding_mask"][0]
         padding = padding[:: padding.size(0) // encoder_kv.size(2)]  # one row per sentence
         bias = torch.zeros(padding.shape, dtype=encoder_kv.dtype, device=encoder_kv.device)
-        return bias.masked_fill_(padding, float("-inf"))[:, None, None, :]  # [batch, 1, 1, src_len]
+        return bias.masked_fill_(padding, float("-inf"))[:, None, None, :]  # [sentences, 1, 1, src_len]
 
     def hypotheses_per_sentence(self, incremental_state: IncrementalState) -> int:
         """Rows that share one sentence's encoder keys/values (beam search's hypotheses), or 1."""

@@ -65,5 +65,5 @@ class TransformerXLDecoder(MemoryDecoder):
                     - torch.arange(slots, device=keys.device)[None, :])
         view = SlotDistances(distance, 0, span, self.span)
         attn = layer.self_attn
-        positions = None if self.key_positions is None else (self.key_positions, view.rows)
+        positions = None if self.key_positions is None else (self.key_positions, view.table_index)
         return MemoryView(keys, values, view.bias(attn.span_mask, keys), attn.persistent(), positions)

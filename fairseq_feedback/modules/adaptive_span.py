@@ -18,13 +18,22 @@ from torch import Tensor, nn
 
 
 class AdaptiveSpanMask(nn.Module):
-    def __init__(self, max_span: int, ramp: int, heads: int, init: float = 0.0):
+    """Each head's learned span.
+
+    Args:
+        max_span: S, --memory-span.
+        ramp: R, the soft ramp's length (--adaptive-span-ramp).
+        num_heads: the heads, each with its z.
+        init: z's initial value, a fraction of S (--adaptive-span-init).
+    """
+
+    def __init__(self, max_span: int, ramp: int, num_heads: int, init: float = 0.0):
         super().__init__()
         self.max_span, self.ramp = max_span, ramp
-        self.span_fraction = nn.Parameter(torch.full((heads,), float(init)))  # z
+        self.span_fraction = nn.Parameter(torch.full((num_heads,), float(init)))  # z
 
     def mask(self, slots: int) -> Tensor:
-        """m(d) for the last `slots` slots, oldest first: [heads, 1, slots]."""
+        """m(d) for the last `slots` slots, oldest first: [num_heads, 1, slots]."""
         distance = torch.arange(slots - 1, -1, -1, device=self.span_fraction.device, dtype=self.span_fraction.dtype)
         return ((self.span_fraction[:, None] * self.max_span - distance) / self.ramp + 1).clamp(0, 1)[:, None, :]
 
@@ -40,6 +49,7 @@ class AdaptiveSpanMask(nn.Module):
         return max(1, min(self.max_span, reach))
 
     def loss(self) -> Tensor:
+        """S mean(z), a scalar (the decoder weighs it by --adaptive-span-loss)."""
         return self.max_span * self.span_fraction.mean()
 
     @torch.no_grad()

@@ -29,30 +29,42 @@ def attend(
     persistent: Optional[Tuple[Tensor, Tensor]] = None,
     positions: Optional[Tuple[Tensor, Tensor]] = None,
 ) -> Tensor:
-    """softmax(q.k / sqrt(d_head) + bias) v over `keys`/`values` ([batch,
-    heads, keys, head_dim]); -inf in `bias` masks a key.
+    """softmax(q.k / sqrt(head_dim) + bias) v over keys and values projected beforehand.
 
-    `x` holds one step's queries, [rows, embed], or a block's, [time, batch,
-    embed] (the transformer baseline, which needs no step loop). With fewer
-    key rows than query rows, each key row serves a group of consecutive query
-    rows: the hypotheses of one sentence in beam search, which share the
-    encoder's keys and values (as fairseq's "beamable" encoder attention
-    does), so those are stored once per sentence.
+    With fewer key rows (`sentences`) than query rows (`bsz`), each key row
+    serves consecutive query rows: the hypotheses of one sentence in beam
+    search, which share the encoder's keys and values (as fairseq's
+    "beamable" encoder attention does), so those are stored once per
+    sentence. `persistent` key/value vectors join the keys in the same
+    softmax, with no bias (Sukhbaatar et al. 2019b, "all-attention").
 
-    `persistent` key/value vectors join the keys in the same softmax, with no
-    bias (Sukhbaatar et al. 2019b, "all-attention"). `positions` adds q.p_d,
-    d the query-key distance, for a block (a step adds p to its keys instead).
+    Args:
+        x: one step's inputs, [bsz, embed_dim], or a whole block's,
+            [tgt_len, bsz, embed_dim] (the transformer baseline, which needs no
+            step loop).
+        q_proj, out_proj: the query and output projections.
+        keys, values: [sentences, num_heads, keys, head_dim].
+        bias: added to the scores, broadcast to [sentences, num_heads, queries,
+            keys]; -inf masks a key.
+        dropout_p: dropout of the attention weights.
+        persistent: the layer's persistent (keys, values), [num_heads, n, head_dim] each.
+        positions: for a block, relative positions as (table [span, head_dim],
+            the table index of each query-key pair [queries, keys]): adds
+            q.p_d, d the pair's distance (a step adds p to its keys instead).
+
+    Returns:
+        the attention's output, shaped as `x`.
     """
-    batch, heads, _, head_dim = keys.shape
-    block = x.dim() == 3
-    if block:
-        q = q_proj(x).view(x.size(0), batch, heads, head_dim).permute(1, 2, 0, 3)
+    sentences, num_heads, _, head_dim = keys.shape
+    whole_block = x.dim() == 3
+    if whole_block:
+        q = q_proj(x).view(x.size(0), sentences, num_heads, head_dim).permute(1, 2, 0, 3)
     else:
-        q = q_proj(x).view(batch, x.size(0) // batch, heads, head_dim).transpose(1, 2)
+        q = q_proj(x).view(sentences, x.size(0) // sentences, num_heads, head_dim).transpose(1, 2)
     if positions is not None:
-        table, rows = positions
+        table, table_index = positions
         position_scores = torch.matmul(q, table.t() * head_dim**-0.5)
-        position_scores = position_scores.gather(-1, rows.expand(batch, heads, -1, -1))
+        position_scores = position_scores.gather(-1, table_index.expand(sentences, num_heads, -1, -1))
         bias = position_scores if bias is None else position_scores + bias
     if torch.is_grad_enabled() and persistent is None:  # the fused kernel's backward is the faster one
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias, dropout_p=dropout_p)
@@ -69,9 +81,9 @@ def attend(
         else:
             n = persistent[0].size(1)
             out = torch.matmul(weights[..., :n], persistent[1]) + torch.matmul(weights[..., n:], values)
-    if block:
-        return out_proj(out.permute(2, 0, 1, 3).reshape(x.size(0), batch, heads * head_dim))
-    return out_proj(out.transpose(1, 2).reshape(x.size(0), heads * head_dim))
+    if whole_block:
+        return out_proj(out.permute(2, 0, 1, 3).reshape(x.size(0), sentences, num_heads * head_dim))
+    return out_proj(out.transpose(1, 2).reshape(x.size(0), num_heads * head_dim))
 
 
 class FeedbackAttention(nn.Module):
@@ -79,12 +91,19 @@ class FeedbackAttention(nn.Module):
 
     The memory's keys and values are not projected here: they are projected
     once per memory vector for all layers (FeedbackMemory), which is what makes
-    the feedback decoder cheap per token.
+    the feedback decoder cheap per token. Persistent vectors are
+    reparameterised, k = sqrt(head_dim) k', v = sqrt(n) v', so that they start
+    with unit variance while k', v' start like feed-forward weights.
 
-    Options: `persistent_vectors` learned key/value pairs per head (with the
-    reparameterisation k = sqrt(d_head) k', v = sqrt(n) v', so that they start
-    with unit variance while k', v' start like feed-forward weights), and an
-    adaptive span per head (`adaptive_span`: max span, ramp, initial z).
+    Args:
+        embed_dim: the model's width.
+        num_heads, head_dim: the heads and each one's dimension.
+        dropout: dropout of the attention weights.
+        q_noise, qn_block_size: fairseq's quantization noise on the projections.
+        persistent_vectors: n, the learned key/value vectors per head that every
+            query also attends to (0: none).
+        adaptive_span: (max span, ramp, initial z) of a span learned per head
+            (AdaptiveSpanMask), or None.
     """
 
     def __init__(self, embed_dim, num_heads, head_dim, dropout=0.0, q_noise=0.0, qn_block_size=8,
@@ -113,7 +132,16 @@ class FeedbackAttention(nn.Module):
         n = self.persistent_keys.size(1)
         return self.persistent_keys * math.sqrt(self.head_dim), self.persistent_values * math.sqrt(n)
 
-    def forward(self, x, memory: MemoryView):
+    def forward(self, x: Tensor, memory: MemoryView) -> Tensor:
+        """The attention of `x` over the memory.
+
+        Args:
+            x: a step's inputs, [bsz, embed_dim], or a block's, [tgt_len, bsz, embed_dim].
+            memory: what the layer reads (MemoryView).
+
+        Returns:
+            the output, shaped as `x`.
+        """
         return attend(
             x, self.q_proj, self.out_proj, memory.keys, memory.values, memory.bias,
             self.dropout if self.training else 0.0, memory.persistent, memory.positions,

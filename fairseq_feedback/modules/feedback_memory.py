@@ -26,6 +26,17 @@ from .key_value_buffer import CachedKeyValues
 
 
 class FeedbackMemory(CachedKeyValues, nn.Module):
+    """Eq. 1 and the key/value projection of the memory.
+
+    Args:
+        embed_dim: the model's width.
+        num_layers: the decoder's layers (eq. 1 mixes num_layers + 1 states).
+        num_heads, head_dim: the attention heads that read the memory.
+        shared_kv: one key/value projection for every layer (else one per layer).
+        normalize_before: pre-norm layers: the memory gets a norm of its own.
+        composition: --memory-composition: weighted, average, top or layer:K.
+    """
+
     def __init__(self, embed_dim, num_layers, num_heads, head_dim, shared_kv=True, normalize_before=False,
                  composition="weighted"):
         super().__init__()
@@ -54,22 +65,33 @@ class FeedbackMemory(CachedKeyValues, nn.Module):
         return F.softmax(self.layer_weights, dim=0)
 
     def forward(self, layer_states: List[Tensor], weights: Tensor) -> Tensor:
-        """Eq. 1 for one step: m_t = sum_l weights_l x_t^l, from the embedding
-        and every layer's output ([batch, embed] each), as one matrix product."""
+        """Eq. 1 for one step, m_t = sum_l weights_l x_t^l, as one matrix product.
+
+        Args:
+            layer_states: x_t^0 (the embedding) .. x_t^L, [bsz, embed_dim] each.
+            weights: mixing_weights(), [num_layers + 1].
+
+        Returns:
+            m_t, [bsz, embed_dim].
+        """
         return torch.matmul(weights, torch.stack(layer_states).flatten(1)).view_as(layer_states[0])
 
     def project(self, memory: Tensor) -> Tensor:
-        """[slots, batch, embed] -> keys and values [slots, planes, batch, heads, head_dim]."""
+        """Memory vectors [slots, bsz, embed_dim] -> keys and values [slots, planes, bsz, num_heads, head_dim]."""
         if self.layer_norm is not None:
             memory = self.layer_norm(memory)
-        slots, batch, _ = memory.shape
-        kv = self.kv_proj(memory).view(slots, batch, self.planes, self.num_heads, self.head_dim)
+        slots, bsz, _ = memory.shape
+        kv = self.kv_proj(memory).view(slots, bsz, self.planes, self.num_heads, self.head_dim)
         return kv.transpose(1, 2)
 
     def layer_keys_values(self, window, transform_keys: Callable[[Tensor], Tensor]) -> List[Tuple[Tensor, Tensor]]:
-        """Each layer's (keys, values) in a window of slots (one [batch, heads,
-        slots, head_dim] view per plane). `transform_keys` (relative positions)
-        runs once per projection: when all layers share it, once in all."""
+        """Each layer's (keys, values) in a window of slots.
+
+        Args:
+            window: one [bsz, num_heads, slots, head_dim] view per plane.
+            transform_keys: applied to each projection's keys (relative
+                positions): when all layers share one, once in all.
+        """
         pairs = [(transform_keys(window[p]), window[p + 1]) for p in range(0, self.planes, 2)]
         return pairs * self.num_layers if self.shared_kv else pairs
 

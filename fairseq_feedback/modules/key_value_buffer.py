@@ -5,7 +5,7 @@ ones. Concatenating a growing tensor each step costs O(t) copies and keeps
 every intermediate alive for backward (O(T^2) memory); here each append
 writes in place and reads a view, so a block of T steps costs O(T).
 
-Layout: [slots, planes, batch, heads, head_dim]. Slots come first so that the
+Layout: [slots, planes, bsz, num_heads, head_dim]. Slots come first so that the
 filled part is contiguous (one copy on reorder, one block in backward); a plane
 is a key or a value of one key/value projection (2 when all layers share it).
 """
@@ -19,7 +19,12 @@ from torch import Tensor
 
 
 class KeyValueBuffer:
-    """The last slots of a memory, written in place, read as windows."""
+    """The last slots of a memory, written in place, read as windows.
+
+    Args:
+        slots: [capacity, planes, bsz, num_heads, head_dim], of which [:length] are filled.
+        length: the slots filled.
+    """
 
     __slots__ = ("slots", "length", "grad", "__weakref__")
 
@@ -44,9 +49,15 @@ class KeyValueBuffer:
         return _BUFFERS.get(id(self.slots)) is self
 
     def append(self, new: Tensor, window: int) -> Tuple[Tensor, ...]:
-        """Writes `new` ([n, planes, batch, heads, head_dim]) after the filled
-        slots and returns the last `window` slots, as one [batch, heads, slots,
-        head_dim] view per plane."""
+        """Writes `new` after the filled slots (with a gradient, through _AppendToBuffer).
+
+        Args:
+            new: the new slots' keys and values, [n, planes, bsz, num_heads, head_dim].
+            window: how many of the last slots to return.
+
+        Returns:
+            the last `window` slots, one [bsz, num_heads, slots, head_dim] view per plane.
+        """
         if self.length + new.size(0) > self.capacity:
             self._make_room(new.size(0), window)
         if torch.is_grad_enabled() and new.requires_grad:
@@ -63,6 +74,7 @@ class KeyValueBuffer:
         self._write(new)
 
     def window(self, size: int) -> Tuple[Tensor, ...]:
+        """The last `size` filled slots, one [bsz, num_heads, slots, head_dim] view per plane."""
         slots = self.slots[max(0, self.length - size) : self.length]
         return tuple(slots.permute(1, 2, 3, 0, 4).unbind(0))
 

@@ -24,6 +24,13 @@ from .transformer_xl_attention import TransformerXLAttention
 
 
 class MemoryDecoderLayer(TransformerDecoderLayerBase):
+    """fairseq's decoder layer with self-attention over a memory.
+
+    Args:
+        cfg: fairseq's TransformerConfig with the FeedbackConfig fields on it.
+        no_encoder_attn: no attention over the encoder (a language model).
+    """
+
     def __init__(self, cfg, no_encoder_attn=False):
         super().__init__(cfg, no_encoder_attn)
         if cfg.no_feed_forward:
@@ -33,28 +40,29 @@ class MemoryDecoderLayer(TransformerDecoderLayerBase):
         # the Transformer baseline attends to its own layer's inputs, so its
         # attention projects their keys and values itself
         attention = TransformerXLAttention if cfg.no_feedback else FeedbackAttention
-        heads = cfg.decoder.attention_heads
+        num_heads = cfg.decoder.attention_heads
         adaptive_span = (cfg.memory_span, cfg.adaptive_span_ramp, cfg.adaptive_span_init) if cfg.adaptive_span else None
         return attention(
-            embed_dim, heads, cfg.head_dim or embed_dim // heads, dropout=cfg.attention_dropout,
+            embed_dim, num_heads, cfg.head_dim or embed_dim // num_heads, dropout=cfg.attention_dropout,
             q_noise=self.quant_noise, qn_block_size=self.quant_noise_block_size,
             persistent_vectors=cfg.persistent_vectors, adaptive_span=adaptive_span,
         )
 
     def project_own_memory(self, x: Tensor) -> Tensor:
         """The transformer baseline's keys and values of this layer's inputs:
-        [slots, batch, embed] -> [slots, 2, batch, heads, head_dim]."""
+        [slots, bsz, embed_dim] -> [slots, 2, bsz, num_heads, head_dim]."""
         if self.normalize_before:
             x = self.self_attn_layer_norm(x)
-        attn, (slots, batch, _) = self.self_attn, x.shape
-        return attn.kv_proj(x).view(slots, batch, 2, attn.num_heads, attn.head_dim).transpose(1, 2)
+        attn, (slots, bsz, _) = self.self_attn, x.shape
+        return attn.kv_proj(x).view(slots, bsz, 2, attn.num_heads, attn.head_dim).transpose(1, 2)
 
     def encoder_keys_values(self, encoder_out: Tensor) -> Tensor:
-        """Projects the encoder output ([src_len, batch, embed]) once per
-        sentence, as keys and values [2, batch, heads, src_len, head_dim]."""
+        """Projects the encoder output once per sentence: [src_len, sentences,
+        embed_dim] -> keys and values [2, sentences, num_heads, src_len, head_dim]."""
         attn = self.encoder_attn
-        src_len, batch, _ = encoder_out.shape
-        kv = [proj(encoder_out).view(src_len, batch, attn.num_heads, attn.head_dim) for proj in (attn.k_proj, attn.v_proj)]
+        src_len, sentences, _ = encoder_out.shape
+        kv = [proj(encoder_out).view(src_len, sentences, attn.num_heads, attn.head_dim)
+              for proj in (attn.k_proj, attn.v_proj)]
         return torch.stack(kv).permute(0, 2, 3, 1, 4).contiguous()
 
     def encoder_attention_dropout(self) -> float:
@@ -74,8 +82,19 @@ class MemoryDecoderLayer(TransformerDecoderLayerBase):
         return self.fc2(self.activation_dropout_module(self.activation_fn(self.fc1(x))))
 
     def forward_memory(self, x: Tensor, memory: MemoryView, encoder_kv=None, encoder_bias=None) -> Tensor:
-        """The layer on one step, x: [batch, embed], or for the transformer
-        baseline on a whole block, x: [time, batch, embed]."""
+        """The layer: self-attention over `memory`, attention over the encoder, feed-forward.
+
+        Args:
+            x: one step, [bsz, embed_dim], or for the transformer baseline a
+                whole block, [tgt_len, bsz, embed_dim].
+            memory: what self-attention reads (MemoryView).
+            encoder_kv: this layer's encoder (keys, values), [sentences,
+                num_heads, src_len, head_dim] each (per_layer), or None.
+            encoder_bias: the encoder's padding mask as a bias, [sentences, 1, 1, src_len], or None.
+
+        Returns:
+            the layer's output, shaped as `x`.
+        """
         x = self._sublayer(x, self.self_attn_layer_norm, lambda h: self.self_attn(h, memory))
         if self.encoder_attn is not None:
             attn = self.encoder_attn
@@ -90,7 +109,12 @@ class MemoryDecoderLayer(TransformerDecoderLayerBase):
 
 
 def per_layer(encoder_kv: Optional[Tensor], layers: int) -> List[Optional[Tuple[Tensor, Tensor]]]:
-    """Each layer's encoder (keys, values), from every layer's encoder_keys_values
-    stacked, [layers, 2, sentences, heads, src_len, head_dim]; split once per
-    block: indexing them in every step would cost a full-size gradient per step."""
+    """Each layer's encoder (keys, values), split once per block: indexing
+    them at every step would cost a full-size gradient per step.
+
+    Args:
+        encoder_kv: every layer's encoder_keys_values stacked,
+            [layers, 2, sentences, num_heads, src_len, head_dim], or None.
+        layers: how many layers (all None without encoder_kv).
+    """
     return [None] * layers if encoder_kv is None else [tuple(kv.unbind()) for kv in encoder_kv.unbind()]

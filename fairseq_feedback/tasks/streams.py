@@ -119,7 +119,7 @@ class StreamBlockDataset(FairseqDataset):
                 "src_tokens": source,
                 "src_lengths": source.ne(self.pad).sum(1),
                 "stream": self.name,
-                "block": k,
+                "block_index": k,
             },
             "target": target,
         }

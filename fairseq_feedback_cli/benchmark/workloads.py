@@ -199,7 +199,7 @@ def consecutive_blocks(model, blocks):
 
     def forward():
         state["k"] = next(counter) % (len(blocks) - 1)
-        stream = {"stream": "benchmark", "block": state["k"]} if hasattr(model, "streams") else {}
+        stream = {"stream": "benchmark", "block_index": state["k"]} if hasattr(model, "streams") else {}
         return model(blocks[state["k"]], **stream)[0]
 
     def target():
