@@ -126,10 +126,10 @@ class Norm:
 
     def weight_grads(self) -> List[Tensor]:
         """[dgamma, dbeta]."""
-        tgt_len = range(self.inputs.tgt_len)
+        steps = range(self.inputs.tgt_len)
         _, weight, bias = torch.ops.aten.native_layer_norm_backward(
-            self.output_grads.joined(), self.inputs.joined(), self.shape, torch.cat([self.means[t] for t in tgt_len]),
-            torch.cat([self.rstds[t] for t in tgt_len]), self.weight, self.bias, [False, True, True])
+            self.output_grads.joined(), self.inputs.joined(), self.shape, torch.cat([self.means[t] for t in steps]),
+            torch.cat([self.rstds[t] for t in steps]), self.weight, self.bias, [False, True, True])
         return [weight, bias]
 
 
@@ -264,10 +264,10 @@ class Attention:
         """g_K and g_V of keys and values that every step reads (the
         encoder's), over the block, written into `key_grads` and
         `value_grads` [sentences * num_heads, slots, head_dim]."""
-        tgt_len = range(len(self.queries))
+        steps = range(len(self.queries))
 
         def joined(by_step):
-            return torch.cat([by_step[t] for t in tgt_len], 1)
+            return torch.cat([by_step[t] for t in steps], 1)
 
         torch.bmm(joined(self.score_grads).transpose(1, 2), joined(self.queries), out=key_grads)
         torch.bmm(joined(self.probs).transpose(1, 2), joined(self.attended_grads), out=value_grads)
