@@ -24,7 +24,11 @@ class StepRecords:
     [bsz, features] each, and all of them as one [tgt_len * bsz, features]
     matrix (`joined`) for a block's product. An operator that can write its
     output in place writes into one tensor of the whole block (`at`); other
-    outputs are kept (`keep`) and concatenated once."""
+    outputs are kept (`keep`) and concatenated once.
+
+    Args:
+        tgt_len: the block's steps.
+    """
 
     def __init__(self, tgt_len: int):
         self.tgt_len = tgt_len
@@ -60,6 +64,12 @@ class Linear:
 
         g_x = s g_y W   (+ r, a residual's gradient, added in the same product: addmm)
         dW  = s G^T X,   db = s sum_rows G                         (once per block)
+
+    Args:
+        module: the nn.Linear (its weight and bias are read, never copied).
+        tgt_len: the block's steps.
+        recording: whether it records what its backward needs.
+        scale: s.
     """
 
     def __init__(self, module: nn.Linear, tgt_len: int, recording: bool, scale: float = 1.0):
@@ -102,7 +112,12 @@ class Norm:
         dgamma = sum_rows g_y * xhat,   dbeta = sum_rows g_y       (once per block)
 
     Whether it comes before a sublayer or after its residual (pre- or
-    post-norm) is the layer's business (fused_layer.py)."""
+    post-norm) is the layer's business (fused_layer.py).
+
+    Args:
+        module: the LayerNorm.
+        tgt_len, recording: as Linear takes them.
+    """
 
     def __init__(self, module: nn.LayerNorm, tgt_len: int, recording: bool):
         self.weight, self.bias, self.eps, self.shape = module.weight, module.bias, module.eps, module.normalized_shape
@@ -189,7 +204,14 @@ class Attention:
     and g_V = sum_t P_t^T g_a,t come once per block, one product each.
     P is kept for the backward when `keep_probs`, and computed again otherwise
     (long spans, where it would take more room than the step's feed-forward
-    activations)."""
+    activations).
+
+    Args:
+        module: FeedbackAttention, or fairseq's MultiheadAttention (the encoder's):
+            its q_proj, out_proj, num_heads and head_dim.
+        tgt_len, recording: as Linear takes them.
+        keep_probs: whether P is kept for the backward.
+    """
 
     def __init__(self, module, tgt_len: int, recording: bool, keep_probs: bool = True):
         self.q_proj = Linear(module.q_proj, tgt_len, recording, module.head_dim**-0.5)
@@ -286,9 +308,17 @@ class MemoryWindows:
     With positions, the keys of each projection are written into room
     reused from step to step, and their gradient, summed over the layers
     that read them, is added to the slots' and the positions' gradients at
-    the end of the step (finish_key_grads). `initial`: the slots before
-    the block's first step; `slot_grads`, `position_grads`: where the
-    backward adds the slots' and the positions' gradients (None forward)."""
+    the end of the step (finish_key_grads).
+
+    Args:
+        slots: the block's keys and values, [planes, bsz, num_heads, initial + tgt_len, head_dim].
+        slot_grads: where the backward adds their gradients (None forward).
+        initial: the slots before the block's first step.
+        span: how many slots a step reads at most.
+        num_heads: the heads.
+        positions: the relative positions of a full window, [span, head_dim], or None.
+        position_grads: where the backward adds their gradients (None forward).
+    """
 
     def __init__(self, slots: Tensor, slot_grads: Optional[Tensor], initial: int, span: int, num_heads: int,
                  positions: Optional[Tensor], position_grads: Optional[Tensor] = None):
@@ -354,7 +384,12 @@ class Mixing:
         g_w_l = sum_t <x_t^l, g_m_t>                                 (once per block: weight_grads)
 
     w = softmax(theta) (or fixed weights) comes from outside the block, so
-    autograd applies softmax's Jacobian, g_theta = w * (g_w - <w, g_w>)."""
+    autograd applies softmax's Jacobian, g_theta = w * (g_w - <w, g_w>).
+
+    Args:
+        weights: w, [layers + 1].
+        states: x_t^0 .. x_t^L, [layers + 1, tgt_len, bsz, embed_dim].
+    """
 
     def __init__(self, weights: Tensor, states: Tensor):
         self.weights, self.by_layer, self.states = weights[None], weights.unbind(), states

@@ -72,7 +72,10 @@ class FeedbackDecoder(MemoryDecoder):
         the loop (loop/feedback_loop.py), eagerly or as CUDA graphs: the
         decoder builds the function a graph replays and hands it over with its
         inputs (loop/graphed_loop.py, graphed_decoding.py), which call nothing
-        of the decoder. A stream keeps its last `span` memory vectors, detached."""
+        of the decoder. A stream keeps its last `span` memory vectors, detached.
+
+        Args and returns: as MemoryDecoder.decode.
+        """
         span = self.current_span()
         carried = None if stream_state is None else stream_state.vectors  # [1, slots, bsz, embed_dim]
         previous = carried[0] if carried is not None else x.new_zeros(1, x.size(1), self.embed_dim)  # m_{-1}

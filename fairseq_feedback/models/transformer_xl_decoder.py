@@ -23,6 +23,10 @@ from .memory_decoder import IncrementalState, MemoryDecoder, StreamState
 class TransformerXLDecoder(MemoryDecoder):
     def decode(self, x, layers, encoder_kv, encoder_bias, incremental_state: Optional[IncrementalState] = None,
                stream_state: Optional[StreamState] = None):
+        """Each layer on the whole block, over the last inputs of its own layer.
+
+        Args and returns: as MemoryDecoder.decode.
+        """
         span = self.current_span()
         carried = None if stream_state is None else stream_state.vectors  # [layers, slots, bsz, embed_dim]
         inputs, encoder_kv = [], per_layer(encoder_kv, len(layers))
