@@ -107,10 +107,21 @@ def test_a_killed_save_leaves_every_checkpoint_complete(killed_run):
     assert [updates(killed_run / name) for name in finished] == [3, 6, 3]
 
 
-def test_after_a_killed_save_training_resumes_from_checkpoint_last(killed_run, translation_data, tmp_path):
+@pytest.mark.parametrize("last", ["older", "missing"])
+def test_after_a_save_cut_short_training_resumes_from_the_newest_complete_checkpoint(killed_run, translation_data,
+                                                                                      tmp_path, last):
+    """The kill left checkpoint_last.pt at update 3 beside a complete copy of update 6; a disk that filled
+    during a save left checkpoint_best.pt complete and checkpoint_last.pt missing, and the next run trained
+    from scratch over checkpoint_best.pt. A run resumes from the newest complete checkpoint, and says so."""
     shutil.copytree(killed_run, tmp_path, dirs_exist_ok=True)
-    log = run("train", translation_data, *TRANSLATION, "--max-update", 8, "--save-dir", tmp_path).stdout
-    assert "@ 3 updates" in log and last_number(r"num_updates (\d+)", log) == 8
+    if last == "missing":
+        (tmp_path / "checkpoint_last.pt").unlink()
+    proc = run("train", translation_data, *TRANSLATION, "--max-update", 8, "--save-dir", tmp_path)
+    warnings = [line for line in proc.stdout.splitlines() if "the newest complete checkpoint" in line]
+    assert len(warnings) == 1 and (f"{tmp_path / 'checkpoint_last.pt'} is {last} " in warnings[0]), proc.stdout
+    assert warnings[0].endswith(f"resuming from {tmp_path / 'checkpoint_1_6.pt'}, the newest complete checkpoint of "
+                                "this run; to start over, pass another --save-dir")
+    assert "@ 6 updates" in proc.stdout and last_number(r"num_updates (\d+)", proc.stdout) == 8
 
 
 def test_a_truncated_checkpoint_last_is_passed_over_for_the_newest_complete_one(killed_run, translation_data,
@@ -132,8 +143,39 @@ def test_a_truncated_checkpoint_last_alone_is_one_line(killed_run, translation_d
     last.write_bytes((killed_run / "checkpoint_last.pt").read_bytes()[:1000])
     proc = run("train", translation_data, *TRANSLATION, "--max-update", 8, "--save-dir", tmp_path, check=False)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    assert error_lines(proc) == [f"error: {last} is truncated (a save was cut short) and {tmp_path} holds no "
-                                 "complete checkpoint to resume from: delete it to start over"]
+    assert error_lines(proc) == [f"error: {tmp_path} holds checkpoints of an earlier run (checkpoint_last.pt), none "
+                                 "of them complete (their saves were cut short), to resume from: to start over, delete "
+                                 "them or pass another --save-dir"]
+    assert os.listdir(tmp_path) == ["checkpoint_last.pt"]
+
+
+SAVE_UNDER_A_FILE_SIZE_LIMIT = """
+import resource, runpy, sys
+
+limit = int(sys.argv[1])
+resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))  # as a full disk: the system refuses the write
+sys.argv = ["fairseq-train", *sys.argv[2:]]
+runpy.run_module("fairseq_cli.train", run_name="__main__")
+"""
+
+
+def test_a_save_the_system_refuses_is_one_line_leaves_no_partial_file_and_the_next_run_resumes(
+        killed_run, translation_data, tmp_path):
+    """A full disk, or a file-size limit: fairseq retried torch.save into the same file, logged tracebacks
+    and left checkpoint_best.pt.tmp, which nothing could load."""
+    shutil.copytree(killed_run, tmp_path, dirs_exist_ok=True)
+    before = {name: (tmp_path / name).read_bytes() for name in os.listdir(tmp_path) if name.endswith(".pt")}
+    limit = (tmp_path / "checkpoint_1_6.pt").stat().st_size // 2
+    args = [translation_data, *TRANSLATION, "--max-update", 8, "--save-dir", tmp_path, "--user-dir", PLUGIN]
+    proc = subprocess.run([sys.executable, "-c", SAVE_UNDER_A_FILE_SIZE_LIMIT, str(limit), *map(str, args)], env=ENV,
+                          capture_output=True, text=True)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr + proc.stdout, proc.stderr[-3000:]
+    assert error_lines(proc) == [f"error: could not write {tmp_path / 'checkpoint_last.pt'}: File too large: it would "
+                                 "outgrow the largest file this shell lets a process write (ulimit -f): raise the "
+                                 "limit; the same command then resumes from the newest complete checkpoint"]
+    assert {name: (tmp_path / name).read_bytes() for name in os.listdir(tmp_path)} == before  # no .tmp left
+    resumed = run("train", *args[:-2]).stdout
+    assert "@ 6 updates" in resumed and last_number(r"num_updates (\d+)", resumed) == 8
 
 
 # ------------------------------------------------------------ exact resumption

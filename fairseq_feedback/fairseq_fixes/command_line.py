@@ -54,7 +54,7 @@ from ..tasks import FeedbackLanguageModelingTask
 from ..tasks.adaptive_span_loss import AdaptiveSpanLossMixin
 from ..tasks.feedback_language_modeling import check_block
 from ..tasks.splits import labels_dictionary, monolingual_split
-from .checkpoints import is_complete, newest_complete_checkpoint, recorded_configuration
+from .checkpoints import checkpoint_to_resume, recorded_configuration
 
 
 def check_tool(cfg, tool: str) -> None:
@@ -396,10 +396,10 @@ def check_checkpoints(cfg, model, tool) -> None:
 
 def continued_checkpoint(cfg):
     """(path, how it was named) of the checkpoint fairseq-train will continue
-    from, or None: checkpoint_last.pt in --save-dir (or, cut short, what
-    checkpoints.py resumes from instead), else --restore-file when named
-    (which fairseq-train silently replaces by a fresh model when it does not
-    exist), else --finetune-from-model."""
+    from, or None: the newest complete checkpoint in --save-dir
+    (checkpoints.py), else --restore-file when named (which fairseq-train
+    silently replaces by a fresh model when it does not exist), else
+    --finetune-from-model."""
     checkpoint = cfg.checkpoint
     if cfg.distributed_training.use_sharded_state:
         return None  # one file per rank, named by fairseq-train as it runs
@@ -407,10 +407,9 @@ def continued_checkpoint(cfg):
     if checkpoint.restore_file != "checkpoint_last.pt":
         named = ("--restore-file", checkpoint.restore_file.replace(".pt", suffix + ".pt"))
     else:
-        last = os.path.join(checkpoint.save_dir, f"checkpoint_last{suffix}.pt")
-        if os.path.exists(last):
-            newest = last if is_complete(last) else newest_complete_checkpoint(checkpoint.save_dir, suffix)
-            return None if newest is None else (newest, "--save-dir")  # none: checkpoints.py names it
+        resumed = checkpoint_to_resume(checkpoint.save_dir, suffix)
+        if resumed is not None:
+            return resumed, "--save-dir"
         named = ("--finetune-from-model", checkpoint.finetune_from_model)
     option, path = named
     if path is None:

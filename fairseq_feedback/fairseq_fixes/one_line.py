@@ -26,6 +26,7 @@ PATH_FIXES = {
     errno.EROFS: "pass a path on a writable disk",
     errno.ENOSPC: "free some space, or pass a path on another disk",
     errno.EDQUOT: "free some space, or pass a path on another disk",
+    errno.EFBIG: "it would outgrow the largest file this shell lets a process write (ulimit -f): raise the limit",
 }
 
 

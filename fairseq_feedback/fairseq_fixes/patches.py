@@ -73,7 +73,7 @@ from fairseq.distributed import utils as distributed_utils
 from fairseq.logging import progress_bar
 
 from ..safe_checkpoints import allow_fairseq_checkpoints
-from .checkpoints import AtomicCopyPathManager, loaded_in_one_line, resume_from_a_complete_checkpoint
+from .checkpoints import AtomicCopyPathManager, loaded_in_one_line, resume_from_a_complete_checkpoint, saved_whole
 from .command_line import check_binarized, check_generate, check_tool
 from .one_line import one_line
 
@@ -115,6 +115,7 @@ def apply() -> None:
     _patch(data_utils, "batch_by_size", _keep_every_sentence)
     # save_checkpoint copies with the PathManager of its module: only checkpoints change
     checkpoint_utils.PathManager = AtomicCopyPathManager
+    _patch(checkpoint_utils, "torch_persistent_save", saved_whole)
     # fairseq-train resumes through load_checkpoint; no hook precedes it
     _patch(checkpoint_utils, "load_checkpoint", resume_from_a_complete_checkpoint)
     # each looked up in its module when called, by fairseq's tools and by fairseq itself
