@@ -178,6 +178,106 @@ def test_a_save_the_system_refuses_is_one_line_leaves_no_partial_file_and_the_ne
     assert "@ 6 updates" in resumed and last_number(r"num_updates (\d+)", resumed) == 8
 
 
+# ------------------------------------------------- interrupted and concurrent runs
+
+HOLDING = """
+import sys, time
+from fairseq_feedback.fairseq_fixes.runs import held
+
+with held(sys.argv[1], sys.argv[2]):
+    print("held", flush=True)
+    time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("tool", ["train", "generate"])
+def test_a_folder_in_use_by_a_running_job_is_refused_until_the_job_ends_however_it_ends(
+        killed_run, translation_data, tmp_path, tool):
+    """Two runs into one --save-dir (or --results-path) both ended with exit status 0, their checkpoints
+    (or results) mixed. The folder is held by a lock the system releases when the holder dies, kill -9 too."""
+    folder = tmp_path / "shared"
+    option = "--save-dir" if tool == "train" else "--results-path"
+    args = ([translation_data, *TRANSLATION, "--max-update", 2] if tool == "train" else
+            [translation_data, "--path", killed_run / "checkpoint_1_6.pt", "--batch-size", 4])
+    holder = subprocess.Popen([sys.executable, "-c", HOLDING, str(folder), option], env=ENV, stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        proc = run(tool, *args, option, folder, check=False)
+        assert error_lines(proc) == [f"error: {option} {folder} is in use by another run, which has not ended: wait "
+                                     f"for it, or pass another {option}"]
+        assert os.listdir(folder) == []
+    finally:
+        holder.kill()
+        holder.wait()
+    run(tool, *args, option, folder)
+
+
+INTERRUPTED_AT = """
+import importlib, logging, os, runpy, signal, sys
+
+logging.basicConfig(level=logging.INFO, stream=sys.stdout)  # as fairseq's tools log, before fairseq is imported here
+where, sig, at, tool, *argv = sys.argv[1:]
+module, qualified = where.split(":")
+owner, method = qualified.split(".")
+cls = getattr(importlib.import_module(module), owner)
+original, calls = getattr(cls, method), []
+
+def interrupted(*args, **kwargs):
+    calls.append(None)
+    if len(calls) == int(at):  # as Ctrl-C (SIGINT) or a kill (SIGTERM) would, halfway through the run
+        os.kill(os.getpid(), getattr(signal, sig))
+    return original(*args, **kwargs)
+
+setattr(cls, method, interrupted)
+sys.argv = [f"fairseq-{tool}", *argv]
+runpy.run_module(f"fairseq_cli.{tool}", run_name="__main__", alter_sys=True)  # as `python -m` runs it
+"""
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("tool", ["train", "generate"])
+def test_an_interrupted_run_is_one_line_and_leaves_what_was_finished_as_it_was(killed_run, translation_data, tmp_path,
+                                                                               tool, sig):
+    """Ctrl-C during fairseq-generate --results-path D replaced a complete earlier result with part of a new
+    one; Ctrl-C and a kill ended fairseq's tools in a traceback."""
+    results = tmp_path / "results"
+    if tool == "train":
+        shutil.copytree(killed_run, tmp_path / "run")
+        args, where = [translation_data, *TRANSLATION, "--max-update", 9, "--save-dir", tmp_path / "run"], \
+            "fairseq.trainer:Trainer.train_step"
+        before = {name: (tmp_path / "run" / name).read_bytes() for name in os.listdir(tmp_path / "run")}
+    else:
+        args, where = [translation_data, "--path", killed_run / "checkpoint_1_6.pt", "--batch-size", 2,
+                       "--results-path", results], "fairseq.tasks.fairseq_task:FairseqTask.inference_step"
+        run("generate", *args)
+        before = {"generate-test.txt": (results / "generate-test.txt").read_bytes()}
+    proc = subprocess.run([sys.executable, "-c", INTERRUPTED_AT, where, sig, "2", tool, *map(str, args), "--user-dir",
+                           PLUGIN], env=ENV, capture_output=True, text=True)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr + proc.stdout, proc.stderr[-3000:]
+    assert error_lines(proc) == ["error: interrupted: what the run had finished is kept, and nothing it left looks "
+                                 "finished (fairseq-train resumes from its newest complete checkpoint when run again)"]
+    folder = tmp_path / "run" if tool == "train" else results
+    assert {name: (folder / name).read_bytes() for name in os.listdir(folder)} == before  # nothing else, no .tmp
+
+
+@pytest.mark.parametrize("what", ["a link to nothing", "a file"])
+@pytest.mark.parametrize("tool", ["train", "generate"])
+def test_a_destination_that_cannot_be_a_folder_is_one_line_before_any_work(killed_run, translation_data, tmp_path,
+                                                                           tool, what):
+    folder = tmp_path / "out"
+    if what == "a file":
+        folder.write_text("mine")
+    else:
+        os.symlink(tmp_path / "nowhere", folder)
+    option = "--save-dir" if tool == "train" else "--results-path"
+    args = ([translation_data, *TRANSLATION, "--max-update", 2] if tool == "train" else
+            [translation_data, "--path", killed_run / "checkpoint_1_6.pt"])
+    proc = run(tool, *args, option, folder, check=False)
+    assert error_lines(proc) == [f"error: {option} {folder} is {what}, not a folder: pass a folder"]
+    assert "Start iterating" not in proc.stdout and not (tmp_path / "nowhere").exists()
+
+
 # ------------------------------------------------------------ exact resumption
 
 
