@@ -152,6 +152,11 @@ def recorded_configuration(path: str):
     with refused_in_one_line(path), fairseq_checkpoints_allowed():
         # mmap: the tensors stay on disk; torch's format from before 1.6 cannot be mapped
         state = torch.load(path, map_location="cpu", mmap=is_complete(path), weights_only=True)
+    return configuration(state)
+
+
+def configuration(state: dict):
+    """The options a loaded checkpoint records, as recorded_configuration's."""
     cfg = state.get("cfg") or {}
     args = state.get("args")  # checkpoints of fairseq before its dataclass configuration
     model, task = cfg.get("model", args), cfg.get("task", args)

@@ -456,17 +456,25 @@ def check_continued_as_trained(cfg, model, checkpoint, named) -> None:
     if trained is not None and trained is not model:
         raise FeedbackUsageError(f"{checkpoint} holds a {_model_name(trained)} model, and this command line builds "
                                  f"a {_model_name(model)}: continue it with its --arch, or {instead}")
-    differ = [(name, _option(recorded.model, name), _option(cfg.model, name))
-              for name in sorted(model_options(model) - MAY_CHANGE)
-              if not (name in DERIVED and any(_option(options, DERIVED[name], None)
-                                              for options in (recorded.model, cfg.model)))]
-    differ = [(name, was, now) for name, was, now in differ
-              if _MISSING not in (was, now) and not _same(was, now)]
+    differ = other_model(model, recorded.model, cfg.model)
     if differ:
-        was = " ".join(f"{_flag(name)} {value}" for name, value, _ in differ)
-        now = " ".join(f"{_flag(name)} {value}" for name, _, value in differ)
+        was, now = differ
         raise FeedbackUsageError(f"{checkpoint} was trained with {was}, and this command line asks for {now}: "
                                  f"continue it with {was}, or {instead}")
+
+
+def other_model(model, a, b):
+    """The options of `model` (a class) in which two configurations of it
+    (recorded by checkpoints, or a command line's) make other models, as two
+    command-line fragments, one for each; None when they make one model
+    (they differ at most in what MAY_CHANGE)."""
+    differ = [(name, _option(a, name), _option(b, name)) for name in sorted(model_options(model) - MAY_CHANGE)
+              if not (name in DERIVED and any(_option(options, DERIVED[name], None) for options in (a, b)))]
+    differ = [(name, x, y) for name, x, y in differ if _MISSING not in (x, y) and not _same(x, y)]
+    if not differ:
+        return None
+    return (" ".join(f"{_flag(name)} {x}" for name, x, _ in differ),
+            " ".join(f"{_flag(name)} {y}" for name, _, y in differ))
 
 
 def check_read_as_trained(cfg, checkpoint, tool) -> None:
