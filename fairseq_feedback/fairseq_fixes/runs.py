@@ -49,7 +49,7 @@ def held(folder: str, option: str) -> Iterator[None]:
         raise FeedbackUsageError(f"{option} {folder} is {kind}, not a folder: pass a folder") from None
     except OSError as e:
         fix = PATH_FIXES.get(e.errno, "pass another folder")
-        raise FeedbackUsageError(f"{option} {folder} cannot be written ({e.strerror}): {fix}") from None
+        raise FeedbackUsageError(f"{option} {folder}: {e.strerror}: {fix}") from None
     try:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
