@@ -81,6 +81,52 @@ def _names(keys) -> str:
     return ", ".join(keys[:3]) + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
 
 
+def check_one_model(path: str, state: dict, first_path: str, first_state: dict) -> None:
+    """Two checkpoints average into a model only if they are checkpoints of
+    one: of one architecture, with the options that make the model (all but
+    those that may change when a run resumes: fairseq_fixes/command_line.py),
+    and with the same dictionaries, symbol for symbol (their parameters fit
+    either way, and fairseq averaged them into a model of nothing)."""
+    from fairseq_feedback.fairseq_fixes.checkpoints import configuration
+    from fairseq_feedback.fairseq_fixes.command_line import other_model
+    from fairseq_feedback.models.plugin_model import model_class
+
+    first, this = configuration(first_state), configuration(state)
+    if first is None or this is None:
+        return
+    model = model_class(first.model)
+    if model_class(this.model) is not model:
+        fail(f"{path} holds another architecture than {first_path}: average checkpoints of one model only")
+    differ = None if model is None else other_model(model, first.model, this.model)
+    if differ:
+        fail(f"{path} was trained with {differ[1]}, and {first_path} with {differ[0]}: average checkpoints of one "
+             "model only")
+    first_dictionaries, dictionaries = _dictionaries(first.task), _dictionaries(this.task)
+    for name in sorted(set(first_dictionaries) & set(dictionaries)):
+        if first_dictionaries[name] != dictionaries[name]:
+            same = "the same symbols in another order" if sorted(first_dictionaries[name]) == sorted(
+                dictionaries[name]) else "other symbols"
+            fail(f"{path} was trained with a {name} of {same} than {first_path}'s: the rows of its embeddings "
+                 "are other words; average checkpoints trained on one data directory only")
+
+
+def _dictionaries(task) -> Dict[str, List[str]]:
+    """The symbols of each dictionary in the data directory a checkpoint was trained on, by file name (none
+    where that directory is gone)."""
+    from fairseq import utils
+
+    data = getattr(task, "data", None) if isinstance(task, argparse.Namespace) else task.get("data")
+    folder = utils.split_paths(data)[0] if data else None
+    if folder is None or not os.path.isdir(folder):
+        return {}
+    found = {}
+    for name in sorted(os.listdir(folder)):
+        if name.startswith("dict.") and name.endswith(".txt"):
+            with open(os.path.join(folder, name), encoding="utf-8") as f:
+                found[name] = [line.split(" ", 1)[0] for line in f]
+    return found
+
+
 def average(paths: List[str]) -> dict:
     """The first checkpoint, with its model parameters replaced by the mean over all of them."""
     import torch
@@ -91,6 +137,8 @@ def average(paths: List[str]) -> dict:
     for path in paths:
         state = load(path)
         params: Dict[str, torch.Tensor] = state["model"]
+        if first_state is not None:
+            check_one_model(path, state, paths[0], first_state)
         if first_state is None:
             first_state = state
             for name, p in params.items():
@@ -160,7 +208,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     num = args.num_epoch_checkpoints or args.num_update_checkpoints
     # epochs and updates count from 1
     check_at_least(args, num_epoch_checkpoints=1, num_update_checkpoints=1, checkpoint_upper_bound=1)
-    check_destination(args.output, "--output")
+    check_destination(args.output, "--output", reads={"--inputs": args.inputs})
     if num is not None:
         if len(args.inputs) != 1:
             fail("with --num-epoch-checkpoints or --num-update-checkpoints, --inputs takes one folder")

@@ -77,7 +77,8 @@ def main(argv=None):
         parser.error("pass --data and --path (a checkpoint), or --predictions and --raw")
     check_at_least(args, batch_size=1, tokens_per_sample=1)
     if not args.predictions:
-        check_destination(args.output or default_output(args.path, args.split), "--output")
+        check_destination(args.output or default_output(args.path, args.split), "--output",
+                          reads={"--path": args.path, "--raw": args.raw, "--data": args.data})
     quiet()
     try:
         if args.predictions:

@@ -5,20 +5,28 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Callable, Iterator, Optional, Union
+from typing import Callable, Iterator, Mapping, Optional, Sequence, Union
 
 from .command_line import fail
 
 PathLike = Union[str, os.PathLike]
 
 
-def check_destination(path: PathLike, option: str) -> None:
+def check_destination(path: PathLike, option: str,
+                      reads: Mapping[str, Union[None, PathLike, Sequence[PathLike]]] = {}) -> None:
     """Stops with one line naming `option` unless `path` (a file or a folder
-    to write, and the folders that will hold it) can be created: checked
-    before any work, rather than found when the result is ready to write.
-    Tried for real, with a temporary folder made and removed where it would
-    go, since permissions alone do not tell (a read-only disk, /proc,
-    /sys)."""
+    to write, and the folders that will hold it) can be created, and is none
+    of what the command reads (`reads`: its options and their paths), by
+    path or by link, nor a folder holding one: checked before any work,
+    rather than found when the result is ready to write, or after it has
+    replaced its own input. Tried for real, with a temporary folder made and
+    removed where it would go, since permissions alone do not tell (a
+    read-only disk, /proc, /sys)."""
+    for read_option, paths in reads.items():
+        for read in [paths] if isinstance(paths, (str, os.PathLike)) else paths or ():
+            if _would_replace(Path(path), Path(read)):
+                fail(f"{option} {path} would write over {read_option} {read}, which this command reads: "
+                     "pass another path")
     path = Path(path).absolute()
     folder = path if path.is_dir() else next(p for p in path.parents if p.exists())
     if not folder.is_dir():
@@ -27,6 +35,16 @@ def check_destination(path: PathLike, option: str) -> None:
         os.rmdir(tempfile.mkdtemp(prefix=".write-test-", dir=folder))
     except OSError as e:
         fail(f"{option} {path}: nothing can be written in {folder} ({e.strerror}): pass a path you can write to")
+
+
+def _would_replace(output: Path, read: Path) -> bool:
+    """Whether writing `output` replaces `read`: the same file (by path, a
+    symbolic link or a hard link), or a folder that holds it."""
+    if not read.exists():
+        return False
+    if output.exists() and os.path.samefile(output, read):
+        return True
+    return output.resolve() in read.resolve().parents
 
 
 def partial_path(path: Path) -> Path:

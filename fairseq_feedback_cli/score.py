@@ -90,7 +90,9 @@ def read_text(path: str) -> List[str]:
         fail(f"{path} is not UTF-8 text (byte {e.start})")
     except OSError as e:
         fail(f"cannot read {path} ({e.strerror or e})")
-    lines = text.split("\n")
+    # a byte-order mark (Windows editors write one) is no part of the first line's text: sacrebleu
+    # would read it as a letter of the first word, and score text equal to its reference below 100
+    lines = text.removeprefix("\ufeff").split("\n")
     if lines and lines[-1] == "":
         lines.pop()
     return [line.rstrip("\r") for line in lines]
@@ -100,7 +102,7 @@ def read_references(path: str) -> List[str]:
     """One reference a line, or the <seg> lines of an .sgm/.xml test set (as sacrebleu reads them)."""
     lines = read_text(path)
     if path.lower().endswith((".sgm", ".xml")):
-        lines = segments(lines)
+        lines = segments(lines, path)
         if not lines:
             fail(f"{path} has no <seg> lines: is it an .sgm test set?")
     return lines

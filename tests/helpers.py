@@ -248,7 +248,7 @@ def last_number(pattern, text):
 def error_lines(proc):
     """stderr without the warnings fairseq's dependencies print."""
     return [line for line in proc.stderr.splitlines()
-            if line.strip() and "Warning" not in line and not line.startswith((" ", "INFO", "WARNING", "\t"))]
+            if line.strip() and "Warning" not in line and not line.startswith((" ", "DEBUG", "INFO", "WARNING", "\t"))]
 
 
 def train_on_two_workers(*args):

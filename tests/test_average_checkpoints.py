@@ -90,6 +90,48 @@ def test_average_errors_are_one_line_and_write_nothing(tmp_path):
     assert not out.exists() and not list(tmp_path.glob("*.tmp"))
 
 
+def lm_checkpoint(path, data, memory_span=1024, **args):
+    """A feedback_lm checkpoint as fairseq-train records its options (every option in one Namespace)."""
+    g = torch.Generator().manual_seed(len(str(path)))
+    args = {"arch": "feedback_lm", "decoder_layers": 2, "seed": 1, "lr": [0.1], **args}
+    state = {"args": argparse.Namespace(memory_span=memory_span, data=str(data), **args),
+             "model": {"w": torch.randn(3, 4, generator=g)}}
+    torch.save(state, path)
+
+
+def dictionary(folder, symbols):
+    folder.mkdir(exist_ok=True)
+    (folder / "dict.txt").write_text("".join(f"{symbol} {100 - i}\n" for i, symbol in enumerate(symbols)))
+    return folder
+
+
+def test_checkpoints_of_other_models_or_dictionaries_are_refused_not_averaged(tmp_path):
+    """Their parameters fit either way: fairseq averaged checkpoints trained with --memory-span 1024 and 3,
+    and language models whose dictionaries hold the same symbols in another order, with exit status 0."""
+    out, data = tmp_path / "avg.pt", dictionary(tmp_path / "data", ["the", "cat", "sat"])
+    lm_checkpoint(tmp_path / "a.pt", data)
+    lm_checkpoint(tmp_path / "span.pt", data, memory_span=3)
+    assert error_of(average, "--inputs", tmp_path / "a.pt", tmp_path / "span.pt", "--output", out) == (
+        f"error: {tmp_path / 'span.pt'} was trained with --memory-span 3, and {tmp_path / 'a.pt'} with --memory-span "
+        "1024: average checkpoints of one model only")
+    lm_checkpoint(tmp_path / "arch.pt", data, arch="feedback_transformer")
+    assert "holds another architecture than" in error_of(average, "--inputs", tmp_path / "a.pt", tmp_path / "arch.pt",
+                                                         "--output", out)
+    for name, symbols in (("shuffled", ["cat", "the", "sat"]), ("other", ["the", "cat", "mat"])):
+        lm_checkpoint(tmp_path / f"{name}.pt", dictionary(tmp_path / name, symbols))
+        assert error_of(average, "--inputs", tmp_path / "a.pt", tmp_path / f"{name}.pt", "--output", out) == (
+            f"error: {tmp_path / name}.pt was trained with a dict.txt of "
+            + ("the same symbols in another order" if name == "shuffled" else "other symbols")
+            + f" than {tmp_path / 'a.pt'}'s: the rows of its embeddings are other words; average checkpoints "
+              "trained on one data directory only")
+    assert not out.exists()
+    # what may change when a run resumes (regularisation, how it is computed), and options of training alone
+    lm_checkpoint(tmp_path / "b.pt", dictionary(tmp_path / "copy", ["the", "cat", "sat"]), dropout=0.3,
+                  cuda_graphs="off", lr=[0.01], seed=2)
+    average("--inputs", tmp_path / "a.pt", tmp_path / "b.pt", "--output", out)
+    assert out.exists()
+
+
 def test_the_average_gets_the_umasks_permissions(tmp_path):
     _checkpoint(tmp_path / "a.pt", seed=1)
     previous = os.umask(0o022)

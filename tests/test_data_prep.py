@@ -165,6 +165,28 @@ def test_missing_raw_file_is_named(tmp_path):
     assert "IWSLT14.TED.tst2011.de-en.en.xml" in message and "de-en.tgz" in message
 
 
+@pytest.mark.parametrize("broken", ["a seg not closed", "a segment more in one language"])
+def test_test_sets_that_do_not_pair_up_are_named_and_nothing_is_written(tmp_path, broken):
+    """A <seg> without its </seg> gave an empty German line paired with its English reference; a segment
+    more on one side would pair every later sentence with the wrong translation."""
+    fx.write_iwslt(tmp_path / "raw")
+    xml = tmp_path / "raw" / "de-en" / "IWSLT14.TED.tst2010.de-en.de.xml"
+    lines = xml.read_text(encoding="utf-8").splitlines()
+    first = next(i for i, line in enumerate(lines) if "<seg" in line)
+    if broken == "a seg not closed":
+        lines[first] = lines[first].replace("</seg>", "")
+    else:
+        lines.insert(first, '<seg id="0"> Noch ein Satz . </seg>')
+    xml.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    message = script_error(iwslt, "--raw", tmp_path / "raw", *dirs(tmp_path))
+    if broken == "a seg not closed":
+        assert f"{xml}, line {first + 1}: not one whole <seg>...</seg>" in message
+    else:
+        assert ("the test sets do not pair up, segment for segment: IWSLT14.TED.tst2010.de-en.de.xml has "
+                in message)
+    assert not (tmp_path / "data-bin" / "out").exists()
+
+
 @pytest.mark.parametrize("how", [["-m", "fairseq_feedback_cli.data_prep.prepare_wikitext103"],
                                  ["fairseq_feedback_cli/data_prep/prepare_iwslt14_de_en.py"]])
 def test_command_line_error_is_one_line(tmp_path, how):

@@ -4,7 +4,9 @@ import os
 import stat
 
 import pytest
+from helpers import error_of
 
+from fairseq_feedback_cli import average_checkpoints, curves, evaluate_toy
 from fairseq_feedback_cli.outputs import atomic_file, atomic_folder
 
 
@@ -81,3 +83,50 @@ def test_the_check_runs_again_before_replacing(tmp_path):
             out.mkdir()
             (out / "precious").write_text("someone else's")  # appeared while we were building
     assert os.listdir(out) == ["precious"] and os.listdir(tmp_path) == ["out"]
+
+
+def same_by_path(tmp_path, name):
+    return tmp_path / name
+
+
+def same_by_symbolic_link(tmp_path, name):
+    os.symlink(tmp_path / name, tmp_path / f"link-to-{name}")
+    return tmp_path / f"link-to-{name}"
+
+
+def same_by_hard_link(tmp_path, name):
+    os.link(tmp_path / name, tmp_path / f"hard-{name}")
+    return tmp_path / f"hard-{name}"
+
+
+# (tool, its command line with {OUT} where the output goes, the input OUT names), checked before any work
+OVERWRITES = {
+    "evaluate-toy over its checkpoint": (evaluate_toy.main, ["--task", "copy", "--data", "data", "--path", "ck.pt",
+                                                            "--output", "{OUT}"], "ck.pt", "--path"),
+    "evaluate-toy over its labels": (evaluate_toy.main, ["--task", "copy", "--data", "data", "--path", "ck.pt",
+                                                        "--raw", "test.labels", "--output", "{OUT}"], "test.labels",
+                                     "--raw"),
+    "evaluate-toy over its data": (evaluate_toy.main, ["--task", "copy", "--data", "data", "--path", "ck.pt",
+                                                      "--output", "{OUT}"], "data", "--data"),
+    "average-checkpoints over an input": (average_checkpoints.main, ["--inputs", "ck.pt", "ck2.pt", "--output",
+                                                                     "{OUT}"], "ck2.pt", "--inputs"),
+    "curves over a log": (curves.main, ["log", "train.log", "--out", "{OUT}"], "train.log", "inputs"),
+}
+
+
+@pytest.mark.parametrize("same", [same_by_path, same_by_symbolic_link, same_by_hard_link],
+                         ids=["by path", "by symbolic link", "by hard link"])
+@pytest.mark.parametrize("tool, argv, read, option", OVERWRITES.values(), ids=OVERWRITES.keys())
+def test_no_tool_writes_over_one_of_its_own_inputs(tmp_path, monkeypatch, tool, argv, read, option, same):
+    """feedback-evaluate-toy --output CK/checkpoint_last.pt replaced the checkpoint with predictions, exit 0."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    for name in ("ck.pt", "ck2.pt", "test.labels", "train.log"):
+        (tmp_path / name).write_text(f"the {name} the tool reads")
+    if same is same_by_hard_link and read == "data":
+        pytest.skip("a folder has no hard links")
+    out = same(tmp_path, read)
+    message = error_of(tool, [str(out) if a == "{OUT}" else a for a in argv])
+    assert f" {out} would write over {option} {read}, which this command reads: pass another path" in message
+    assert (tmp_path / read).is_dir() if read == "data" else (
+        (tmp_path / read).read_text() == f"the {read} the tool reads")

@@ -107,10 +107,21 @@ def test_a_killed_save_leaves_every_checkpoint_complete(killed_run):
     assert [updates(killed_run / name) for name in finished] == [3, 6, 3]
 
 
-def test_after_a_killed_save_training_resumes_from_checkpoint_last(killed_run, translation_data, tmp_path):
+@pytest.mark.parametrize("last", ["older", "missing"])
+def test_after_a_save_cut_short_training_resumes_from_the_newest_complete_checkpoint(killed_run, translation_data,
+                                                                                      tmp_path, last):
+    """The kill left checkpoint_last.pt at update 3 beside a complete copy of update 6; a disk that filled
+    during a save left checkpoint_best.pt complete and checkpoint_last.pt missing, and the next run trained
+    from scratch over checkpoint_best.pt. A run resumes from the newest complete checkpoint, and says so."""
     shutil.copytree(killed_run, tmp_path, dirs_exist_ok=True)
-    log = run("train", translation_data, *TRANSLATION, "--max-update", 8, "--save-dir", tmp_path).stdout
-    assert "@ 3 updates" in log and last_number(r"num_updates (\d+)", log) == 8
+    if last == "missing":
+        (tmp_path / "checkpoint_last.pt").unlink()
+    proc = run("train", translation_data, *TRANSLATION, "--max-update", 8, "--save-dir", tmp_path)
+    warnings = [line for line in proc.stdout.splitlines() if "the newest complete checkpoint" in line]
+    assert len(warnings) == 1 and (f"{tmp_path / 'checkpoint_last.pt'} is {last} " in warnings[0]), proc.stdout
+    assert warnings[0].endswith(f"resuming from {tmp_path / 'checkpoint_1_6.pt'}, the newest complete checkpoint of "
+                                "this run; to start over, pass another --save-dir")
+    assert "@ 6 updates" in proc.stdout and last_number(r"num_updates (\d+)", proc.stdout) == 8
 
 
 def test_a_truncated_checkpoint_last_is_passed_over_for_the_newest_complete_one(killed_run, translation_data,
@@ -132,8 +143,139 @@ def test_a_truncated_checkpoint_last_alone_is_one_line(killed_run, translation_d
     last.write_bytes((killed_run / "checkpoint_last.pt").read_bytes()[:1000])
     proc = run("train", translation_data, *TRANSLATION, "--max-update", 8, "--save-dir", tmp_path, check=False)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    assert error_lines(proc) == [f"error: {last} is truncated (a save was cut short) and {tmp_path} holds no "
-                                 "complete checkpoint to resume from: delete it to start over"]
+    assert error_lines(proc) == [f"error: {tmp_path} holds checkpoints of an earlier run (checkpoint_last.pt), none "
+                                 "of them complete (their saves were cut short), to resume from: to start over, delete "
+                                 "them or pass another --save-dir"]
+    assert os.listdir(tmp_path) == ["checkpoint_last.pt"]
+
+
+SAVE_UNDER_A_FILE_SIZE_LIMIT = """
+import resource, runpy, sys
+
+limit = int(sys.argv[1])
+resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))  # as a full disk: the system refuses the write
+sys.argv = ["fairseq-train", *sys.argv[2:]]
+runpy.run_module("fairseq_cli.train", run_name="__main__")
+"""
+
+
+def test_a_save_the_system_refuses_is_one_line_leaves_no_partial_file_and_the_next_run_resumes(
+        killed_run, translation_data, tmp_path):
+    """A full disk, or a file-size limit: fairseq retried torch.save into the same file, logged tracebacks
+    and left checkpoint_best.pt.tmp, which nothing could load."""
+    shutil.copytree(killed_run, tmp_path, dirs_exist_ok=True)
+    before = {name: (tmp_path / name).read_bytes() for name in os.listdir(tmp_path) if name.endswith(".pt")}
+    limit = (tmp_path / "checkpoint_1_6.pt").stat().st_size // 2
+    args = [translation_data, *TRANSLATION, "--max-update", 8, "--save-dir", tmp_path, "--user-dir", PLUGIN]
+    proc = subprocess.run([sys.executable, "-c", SAVE_UNDER_A_FILE_SIZE_LIMIT, str(limit), *map(str, args)], env=ENV,
+                          capture_output=True, text=True)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr + proc.stdout, proc.stderr[-3000:]
+    assert error_lines(proc) == [f"error: could not write {tmp_path / 'checkpoint_last.pt'}: File too large: it would "
+                                 "outgrow the largest file this shell lets a process write (ulimit -f): raise the "
+                                 "limit; the same command then resumes from the newest complete checkpoint"]
+    assert {name: (tmp_path / name).read_bytes() for name in os.listdir(tmp_path)} == before  # no .tmp left
+    resumed = run("train", *args[:-2]).stdout
+    assert "@ 6 updates" in resumed and last_number(r"num_updates (\d+)", resumed) == 8
+
+
+# ------------------------------------------------- interrupted and concurrent runs
+
+HOLDING = """
+import sys, time
+from fairseq_feedback.fairseq_fixes.runs import held
+
+with held(sys.argv[1], sys.argv[2]):
+    print("held", flush=True)
+    time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("tool", ["train", "generate"])
+def test_a_folder_in_use_by_a_running_job_is_refused_until_the_job_ends_however_it_ends(
+        killed_run, translation_data, tmp_path, tool):
+    """Two runs into one --save-dir (or --results-path) both ended with exit status 0, their checkpoints
+    (or results) mixed. The folder is held by a lock the system releases when the holder dies, kill -9 too."""
+    folder = tmp_path / "shared"
+    option = "--save-dir" if tool == "train" else "--results-path"
+    args = ([translation_data, *TRANSLATION, "--max-update", 2] if tool == "train" else
+            [translation_data, "--path", killed_run / "checkpoint_1_6.pt", "--batch-size", 4])
+    holder = subprocess.Popen([sys.executable, "-c", HOLDING, str(folder), option], env=ENV, stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        proc = run(tool, *args, option, folder, check=False)
+        assert error_lines(proc) == [f"error: {option} {folder} is in use by another run, which has not ended: wait "
+                                     f"for it, or pass another {option}"]
+        assert os.listdir(folder) == []
+    finally:
+        holder.kill()
+        holder.wait()
+    run(tool, *args, option, folder)
+
+
+INTERRUPTED_AT = """
+import importlib, logging, os, runpy, signal, sys
+
+logging.basicConfig(level=logging.INFO, stream=sys.stdout)  # as fairseq's tools log, before fairseq is imported here
+where, sig, at, tool, *argv = sys.argv[1:]
+module, qualified = where.split(":")
+owner, method = qualified.split(".")
+cls = getattr(importlib.import_module(module), owner)
+original, calls = getattr(cls, method), []
+
+def interrupted(*args, **kwargs):
+    calls.append(None)
+    if len(calls) == int(at):  # as Ctrl-C (SIGINT) or a kill (SIGTERM) would, halfway through the run
+        os.kill(os.getpid(), getattr(signal, sig))
+    return original(*args, **kwargs)
+
+setattr(cls, method, interrupted)
+sys.argv = [f"fairseq-{tool}", *argv]
+runpy.run_module(f"fairseq_cli.{tool}", run_name="__main__", alter_sys=True)  # as `python -m` runs it
+"""
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("tool", ["train", "generate"])
+def test_an_interrupted_run_is_one_line_and_leaves_what_was_finished_as_it_was(killed_run, translation_data, tmp_path,
+                                                                               tool, sig):
+    """Ctrl-C during fairseq-generate --results-path D replaced a complete earlier result with part of a new
+    one; Ctrl-C and a kill ended fairseq's tools in a traceback."""
+    results = tmp_path / "results"
+    if tool == "train":
+        shutil.copytree(killed_run, tmp_path / "run")
+        args, where = [translation_data, *TRANSLATION, "--max-update", 9, "--save-dir", tmp_path / "run"], \
+            "fairseq.trainer:Trainer.train_step"
+        before = {name: (tmp_path / "run" / name).read_bytes() for name in os.listdir(tmp_path / "run")}
+    else:
+        args, where = [translation_data, "--path", killed_run / "checkpoint_1_6.pt", "--batch-size", 2,
+                       "--results-path", results], "fairseq.tasks.fairseq_task:FairseqTask.inference_step"
+        run("generate", *args)
+        before = {"generate-test.txt": (results / "generate-test.txt").read_bytes()}
+    proc = subprocess.run([sys.executable, "-c", INTERRUPTED_AT, where, sig, "2", tool, *map(str, args), "--user-dir",
+                           PLUGIN], env=ENV, capture_output=True, text=True)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr + proc.stdout, proc.stderr[-3000:]
+    assert error_lines(proc) == ["error: interrupted: what the run had finished is kept, and nothing it left looks "
+                                 "finished (fairseq-train resumes from its newest complete checkpoint when run again)"]
+    folder = tmp_path / "run" if tool == "train" else results
+    assert {name: (folder / name).read_bytes() for name in os.listdir(folder)} == before  # nothing else, no .tmp
+
+
+@pytest.mark.parametrize("what", ["a link to nothing", "a file"])
+@pytest.mark.parametrize("tool", ["train", "generate"])
+def test_a_destination_that_cannot_be_a_folder_is_one_line_before_any_work(killed_run, translation_data, tmp_path,
+                                                                           tool, what):
+    folder = tmp_path / "out"
+    if what == "a file":
+        folder.write_text("mine")
+    else:
+        os.symlink(tmp_path / "nowhere", folder)
+    option = "--save-dir" if tool == "train" else "--results-path"
+    args = ([translation_data, *TRANSLATION, "--max-update", 2] if tool == "train" else
+            [translation_data, "--path", killed_run / "checkpoint_1_6.pt"])
+    proc = run(tool, *args, option, folder, check=False)
+    assert error_lines(proc) == [f"error: {option} {folder} is {what}, not a folder: pass a folder"]
+    assert "Start iterating" not in proc.stdout and not (tmp_path / "nowhere").exists()
 
 
 # ------------------------------------------------------------ exact resumption

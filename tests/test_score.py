@@ -98,6 +98,36 @@ def test_sacrebleu_detokenizes_and_reads_sgm_references(tmp_path, capsys):
     assert capsys.readouterr().out.startswith("BLEU = 100.00")
 
 
+@pytest.mark.parametrize("metric", ["bleu", "sacrebleu", "rouge"])
+def test_text_equal_to_its_reference_but_for_a_byte_order_mark_scores_100(tmp_path, capsys, metric):
+    """A byte-order mark (Windows editors write one) is no letter of the first word: identical text
+    scored 83.8 with one, on either side, read from --hyp, --gen or --ref."""
+    lines = ["the cat sat on the mat .", "a dog ran .", "it rained ."]
+    plain, marked = tmp_path / "plain.txt", tmp_path / "marked.txt"
+    plain.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    marked.write_text("\n".join(lines) + "\n", encoding="utf-8-sig")
+    gen = generate_output(tmp_path / "gen.out", [(line, line) for line in lines])
+    gen.write_bytes(b"\xef\xbb\xbf" + gen.read_bytes())
+    for hyp, ref in ((marked, plain), (plain, marked)):
+        score("--metric", metric, "--hyp", hyp, "--ref", ref, "--quiet")
+        assert float(capsys.readouterr().out) == 100
+    score("--metric", metric, "--gen", gen, "--ref", marked, "--quiet")
+    assert float(capsys.readouterr().out) == 100
+
+
+@pytest.mark.parametrize("broken", ['<seg id="2">Es ist 3.5%.', 'Es ist 3.5%.</seg>',
+                                    '<seg id="2">Es ist</seg> <seg id="3">3.5%.</seg>'],
+                         ids=["a seg not closed", "a seg not opened", "two segs on a line"])
+def test_a_reference_test_set_line_that_is_not_one_whole_seg_is_named(tmp_path, broken):
+    """Such a line blanked a reference (or shifted every one after it), and the score went on with exit 0."""
+    sgm = tmp_path / "ref.sgm"
+    sgm.write_text('<refset setid="t" srclang="any" trglang="de">\n<doc sysid="ref" docid="1">\n'
+                   f'<seg id="1">Ein Buch.</seg>\n{broken}\n<seg id="4">Ja.</seg>\n</doc>\n</refset>\n')
+    gen = generate_output(tmp_path / "gen.out", [("Ein Buch .", "x"), ("Es ist 3.5 % .", "y"), ("Ja .", "z")])
+    message = error_of(score, "--metric", "sacrebleu", "--gen", gen, "--ref", sgm)
+    assert message.startswith(f"error: {sgm}, line 4: not one whole <seg>...</seg>")
+
+
 def test_rouge_of_a_known_pair(tmp_path, capsys):
     hyp, ref = tmp_path / "hyp.txt", tmp_path / "ref.txt"
     hyp.write_text("the cat sat on the mat.\n")

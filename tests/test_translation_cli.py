@@ -9,6 +9,9 @@ import torch
 from helpers import (TRANSLATION_MODEL, last_number, preprocess_translation, run, run_module,
                      train_on_two_workers)
 
+from fairseq_feedback.errors import FeedbackUsageError
+from fairseq_feedback.models import FeedbackTransformerModel
+
 ADAM = ["--optimizer", "adam", "--adam-betas", "(0.9,0.98)", "--lr", "5e-3", "--lr-scheduler", "inverse_sqrt",
         "--warmup-updates", "30"]
 TINY = [*TRANSLATION_MODEL, *ADAM, "--max-tokens", "300"]
@@ -76,8 +79,6 @@ def test_interactive_translates_stdin(trained):
 
 
 def test_hub_interface_translates_as_interactive_does(trained):
-    from fairseq_feedback.models import FeedbackTransformerModel
-
     data, checkpoints, _ = trained
     hub = FeedbackTransformerModel.from_pretrained(str(checkpoints), "checkpoint_last.pt", str(data))
     assert hub.translate(["s1 s2 s3", "s4 s5 s6 s7"], beam=5) == interactive(data, checkpoints, "s1 s2 s3\ns4 s5 s6 s7\n")
@@ -106,6 +107,12 @@ def test_checkpoints_load_without_running_code_and_other_objects_are_refused(tra
     torch.save({"model": {}, "extra": Payload()}, evil)
     with pytest.raises(pickle.UnpicklingError):
         torch.load(evil)
+    # the hub names it, without torch's advice to load it with weights_only=False (which would run it)
+    with pytest.raises(FeedbackUsageError) as refused:
+        FeedbackTransformerModel.from_pretrained(str(tmp_path), "evil.pt", str(trained[0]))
+    assert str(refused.value).startswith(f"{evil} holds objects a fairseq checkpoint does not (print)")
+    assert refused.value.__suppress_context__ and refused.value.__cause__ is None  # a traceback shows ours alone
+    assert "weights_only" not in str(refused.value)
 
 
 def last_line(proc):

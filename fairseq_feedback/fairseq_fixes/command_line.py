@@ -54,7 +54,7 @@ from ..tasks import FeedbackLanguageModelingTask
 from ..tasks.adaptive_span_loss import AdaptiveSpanLossMixin
 from ..tasks.feedback_language_modeling import check_block
 from ..tasks.splits import labels_dictionary, monolingual_split
-from .checkpoints import is_complete, newest_complete_checkpoint, recorded_configuration
+from .checkpoints import checkpoint_to_resume, recorded_configuration
 
 
 def check_tool(cfg, tool: str) -> None:
@@ -396,10 +396,10 @@ def check_checkpoints(cfg, model, tool) -> None:
 
 def continued_checkpoint(cfg):
     """(path, how it was named) of the checkpoint fairseq-train will continue
-    from, or None: checkpoint_last.pt in --save-dir (or, cut short, what
-    checkpoints.py resumes from instead), else --restore-file when named
-    (which fairseq-train silently replaces by a fresh model when it does not
-    exist), else --finetune-from-model."""
+    from, or None: the newest complete checkpoint in --save-dir
+    (checkpoints.py), else --restore-file when named (which fairseq-train
+    silently replaces by a fresh model when it does not exist), else
+    --finetune-from-model."""
     checkpoint = cfg.checkpoint
     if cfg.distributed_training.use_sharded_state:
         return None  # one file per rank, named by fairseq-train as it runs
@@ -407,10 +407,9 @@ def continued_checkpoint(cfg):
     if checkpoint.restore_file != "checkpoint_last.pt":
         named = ("--restore-file", checkpoint.restore_file.replace(".pt", suffix + ".pt"))
     else:
-        last = os.path.join(checkpoint.save_dir, f"checkpoint_last{suffix}.pt")
-        if os.path.exists(last):
-            newest = last if is_complete(last) else newest_complete_checkpoint(checkpoint.save_dir, suffix)
-            return None if newest is None else (newest, "--save-dir")  # none: checkpoints.py names it
+        resumed = checkpoint_to_resume(checkpoint.save_dir, suffix)
+        if resumed is not None:
+            return resumed, "--save-dir"
         named = ("--finetune-from-model", checkpoint.finetune_from_model)
     option, path = named
     if path is None:
@@ -458,17 +457,25 @@ def check_continued_as_trained(cfg, model, checkpoint, named) -> None:
     if trained is not None and trained is not model:
         raise FeedbackUsageError(f"{checkpoint} holds a {_model_name(trained)} model, and this command line builds "
                                  f"a {_model_name(model)}: continue it with its --arch, or {instead}")
-    differ = [(name, _option(recorded.model, name), _option(cfg.model, name))
-              for name in sorted(model_options(model) - MAY_CHANGE)
-              if not (name in DERIVED and any(_option(options, DERIVED[name], None)
-                                              for options in (recorded.model, cfg.model)))]
-    differ = [(name, was, now) for name, was, now in differ
-              if _MISSING not in (was, now) and not _same(was, now)]
+    differ = other_model(model, recorded.model, cfg.model)
     if differ:
-        was = " ".join(f"{_flag(name)} {value}" for name, value, _ in differ)
-        now = " ".join(f"{_flag(name)} {value}" for name, _, value in differ)
+        was, now = differ
         raise FeedbackUsageError(f"{checkpoint} was trained with {was}, and this command line asks for {now}: "
                                  f"continue it with {was}, or {instead}")
+
+
+def other_model(model, a, b):
+    """The options of `model` (a class) in which two configurations of it
+    (recorded by checkpoints, or a command line's) make other models, as two
+    command-line fragments, one for each; None when they make one model
+    (they differ at most in what MAY_CHANGE)."""
+    differ = [(name, _option(a, name), _option(b, name)) for name in sorted(model_options(model) - MAY_CHANGE)
+              if not (name in DERIVED and any(_option(options, DERIVED[name], None) for options in (a, b)))]
+    differ = [(name, x, y) for name, x, y in differ if _MISSING not in (x, y) and not _same(x, y)]
+    if not differ:
+        return None
+    return (" ".join(f"{_flag(name)} {x}" for name, x, _ in differ),
+            " ".join(f"{_flag(name)} {y}" for name, _, y in differ))
 
 
 def check_read_as_trained(cfg, checkpoint, tool) -> None:

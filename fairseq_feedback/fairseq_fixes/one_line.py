@@ -26,6 +26,7 @@ PATH_FIXES = {
     errno.EROFS: "pass a path on a writable disk",
     errno.ENOSPC: "free some space, or pass a path on another disk",
     errno.EDQUOT: "free some space, or pass a path on another disk",
+    errno.EFBIG: "it would outgrow the largest file this shell lets a process write (ulimit -f): raise the limit",
 }
 
 
@@ -33,6 +34,9 @@ def one_line(exc: BaseException):
     """The line naming the fix for a mistake a user can make, or None for any other exception."""
     if isinstance(exc, FeedbackUsageError):
         return str(exc)
+    if isinstance(exc, KeyboardInterrupt):  # Ctrl-C, or a kill (runs.py)
+        return ("interrupted: what the run had finished is kept, and nothing it left looks finished "
+                "(fairseq-train resumes from its newest complete checkpoint when run again)")
     if isinstance(exc, OSError) and exc.filename and exc.errno in PATH_FIXES:
         return _path_refused(exc)
     if isinstance(exc, FileNotFoundError):

@@ -73,9 +73,10 @@ from fairseq.distributed import utils as distributed_utils
 from fairseq.logging import progress_bar
 
 from ..safe_checkpoints import allow_fairseq_checkpoints
-from .checkpoints import AtomicCopyPathManager, loaded_in_one_line, resume_from_a_complete_checkpoint
+from .checkpoints import AtomicCopyPathManager, loaded_in_one_line, resume_from_a_complete_checkpoint, saved_whole
 from .command_line import check_binarized, check_generate, check_tool
 from .one_line import one_line
+from .runs import held, is_rank_zero, results_moved_into_place, sigterm_as_ctrl_c
 
 
 def in_a_fairseq_tool() -> bool:
@@ -115,6 +116,7 @@ def apply() -> None:
     _patch(data_utils, "batch_by_size", _keep_every_sentence)
     # save_checkpoint copies with the PathManager of its module: only checkpoints change
     checkpoint_utils.PathManager = AtomicCopyPathManager
+    _patch(checkpoint_utils, "torch_persistent_save", saved_whole)
     # fairseq-train resumes through load_checkpoint; no hook precedes it
     _patch(checkpoint_utils, "load_checkpoint", resume_from_a_complete_checkpoint)
     # each looked up in its module when called, by fairseq's tools and by fairseq itself
@@ -235,13 +237,18 @@ def _checked_first(function, check):
 
 def _tool_checked_first(call_main):
     """distributed_utils.call_main(cfg, main), through which fairseq's tools
-    run their main: the command line checked first, and a --save-dir the
-    run created and left empty removed."""
+    run their main: the command line checked first; fairseq-train's
+    --save-dir held for the run (runs.py), and removed if the run created it
+    and left it empty."""
 
     @functools.wraps(call_main)
     def checked(cfg, main, **kwargs):
-        check_tool(cfg, tool_name(main))
-        with _removed_if_left_empty(cfg.checkpoint.save_dir):
+        tool = tool_name(main)
+        check_tool(cfg, tool)
+        save_dir = cfg.checkpoint.save_dir
+        holds = tool in ("train", "hydra_train") and not cfg.checkpoint.no_save and is_rank_zero(cfg)
+        with sigterm_as_ctrl_c(), _removed_if_left_empty(save_dir), \
+                held(save_dir, "--save-dir") if holds else contextlib.nullcontext():
             return call_main(cfg, main, **kwargs)
 
     return checked
@@ -249,8 +256,9 @@ def _tool_checked_first(call_main):
 
 def _generate_checked_first(main):
     """fairseq-generate's main, given its configuration once converted (it
-    converts a Namespace itself) and checked; a --results-path it created
-    for a run that failed is removed with the file it opened there."""
+    converts a Namespace itself) and checked; its --results-path held for the
+    run, its results moved into place when complete (runs.py), and the
+    folder removed if the run created it and failed."""
 
     @functools.wraps(main)
     def checked(cfg):
@@ -258,25 +266,25 @@ def _generate_checked_first(main):
             cfg = convert_namespace_to_omegaconf(cfg)
         check_generate(cfg)
         folder = cfg.common_eval.results_path
-        opened = [] if folder is None else [os.path.join(folder, f"generate-{cfg.dataset.gen_subset}.txt")]
-        with _removed_if_left_empty(folder, *opened):
-            return main(cfg)
+        if folder is None:
+            with sigterm_as_ctrl_c():
+                return main(cfg)
+        with sigterm_as_ctrl_c(), _removed_if_left_empty(folder), held(folder, "--results-path"), \
+                results_moved_into_place(cfg) as staged:
+            return main(staged)
 
     return checked
 
 
 @contextlib.contextmanager
-def _removed_if_left_empty(folder, *partial):
-    """A folder that the block creates is removed if the block fails, once
-    the `partial` files it wrote there are: only if that leaves it empty."""
+def _removed_if_left_empty(folder):
+    """A folder that the block creates is removed if the block fails and
+    leaves it empty."""
     created = folder is not None and not os.path.exists(folder)
     try:
         yield
     except BaseException:
         if created and os.path.isdir(folder):
-            for path in partial:
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(path)
             with contextlib.suppress(OSError):  # not empty: what it holds was worth keeping
                 os.rmdir(folder)
         raise

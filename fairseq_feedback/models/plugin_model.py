@@ -2,6 +2,8 @@
 decoder they build, and the task each goes with."""
 
 import argparse
+import os
+import pickle
 from typing import Optional
 
 from fairseq.models import ARCH_MODEL_REGISTRY
@@ -9,7 +11,7 @@ from fairseq.tasks.language_modeling import LanguageModelingTask
 
 from ..cuda_graphs import GraphStatistics
 from ..errors import FeedbackUsageError
-from ..safe_checkpoints import fairseq_checkpoints_allowed
+from ..safe_checkpoints import fairseq_checkpoints_allowed, refusal
 from .feedback_decoder import FeedbackDecoder
 from .transformer_xl_decoder import TransformerXLDecoder
 
@@ -30,12 +32,20 @@ class PluginModel:
         return {}  # fairseq's transformers name downloads that are not feedback models
 
     @classmethod
-    def from_pretrained(cls, *args, **kwargs):
+    def from_pretrained(cls, model_name_or_path, checkpoint_file="model.pt", *args, **kwargs):
         """fairseq's hub, loading under torch's weights-only rule with the classes
         fairseq stores allowed for this load alone (safe_checkpoints.py): a
-        program of one's own that imports the plugin is otherwise left as it was."""
+        program of one's own that imports the plugin is otherwise left as it was.
+        A checkpoint that rule refuses is named without torch's advice to load
+        it with weights_only=False, which would run the code it carries."""
         with fairseq_checkpoints_allowed():
-            return super().from_pretrained(*args, **kwargs)
+            try:
+                return super().from_pretrained(model_name_or_path, checkpoint_file, *args, **kwargs)
+            except pickle.UnpicklingError as e:
+                line = refusal(os.path.join(model_name_or_path, checkpoint_file), e)
+                if line is None:
+                    raise
+                raise FeedbackUsageError(line) from None  # torch's message, with its advice, is not shown
 
     def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
         check_dictionary_sizes(self, state_dict)

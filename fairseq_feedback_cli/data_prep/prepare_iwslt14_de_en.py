@@ -17,7 +17,7 @@ if __package__ in (None, ""):  # run as a file: make the data_prep package impor
 
 from fairseq_feedback_cli.data_prep.arguments import resolve_dirs, run_cli
 from fairseq_feedback_cli.data_prep.downloads import Archive, describe_sources, gather_inputs
-from fairseq_feedback_cli.data_prep.text import clean_corpus, read_lines, sgm_segments, tokenize, write_lines
+from fairseq_feedback_cli.data_prep.text import clean_corpus, parallel_segments, read_lines, tokenize, write_lines
 from fairseq_feedback_cli.data_prep.translation import Corpus, JointBPE, prepare_translation, translation_parser
 
 NAME = "iwslt14_de_en"
@@ -53,11 +53,12 @@ def transcript(lines):
 
 
 def make_text(out: Path, inputs: dict, workers: int) -> None:
+    tests = parallel_segments({lang: [inputs[f] for f in TEST[lang]] for lang in LANGS})
     for lang in LANGS:
         lines = transcript(read_lines(inputs[TRAIN[lang]]))
         write_lines(out / f"train.tags.{lang}", tokenize(lines, workers, f"train.{lang}", lang=lang))
-        segs = [seg for f in TEST[lang] for seg in sgm_segments(inputs[f])]
-        write_lines(out / f"test.{lang}", tokenize(segs, workers, f"test.{lang}", lang=lang, quote=True, lower=True))
+        write_lines(out / f"test.{lang}", tokenize(tests[lang], workers, f"test.{lang}", lang=lang, quote=True,
+                                                   lower=True))
 
     pairs = clean_corpus(out / "train.tags.de", out / "train.tags.en", 1, 175, 1.5)
     with contextlib.ExitStack() as files_open:

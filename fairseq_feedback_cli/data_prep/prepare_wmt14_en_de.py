@@ -19,7 +19,7 @@ if __package__ in (None, ""):  # run as a file: make the data_prep package impor
 from fairseq_feedback_cli.command_line import fail
 from fairseq_feedback_cli.data_prep.arguments import log, resolve_dirs, run_cli
 from fairseq_feedback_cli.data_prep.downloads import Archive, describe_sources, gather_inputs, in_raw
-from fairseq_feedback_cli.data_prep.text import read_lines, sgm_segments, tokenize, write_lines
+from fairseq_feedback_cli.data_prep.text import parallel_segments, read_lines, tokenize, write_lines
 from fairseq_feedback_cli.data_prep.translation import Corpus, JointBPE, prepare_translation, translation_parser
 
 NAME = "wmt14_en_de"
@@ -82,6 +82,7 @@ def _train_lines(inputs: dict, lang: str, corpora):
 
 
 def make_text(out: Path, inputs: dict, workers: int, corpora) -> None:
+    tests = parallel_segments({lang: [inputs[TEST[lang]]] for lang in LANGS})
     for lang in LANGS:
         kw = dict(lang=lang, aggressive=True)
         write_lines(out / f"train.{lang}", tokenize(_train_lines(inputs, lang, corpora), workers, f"train.{lang}",
@@ -89,7 +90,7 @@ def make_text(out: Path, inputs: dict, workers: int, corpora) -> None:
         write_lines(out / f"valid.{lang}", tokenize(read_lines(inputs[VALID[lang]]), workers, f"valid.{lang}",
                                                     normalize=True, **kw))
         # the recipe does not normalize the test set, only straightens ’
-        write_lines(out / f"test.{lang}", tokenize(sgm_segments(inputs[TEST[lang]]), workers, f"test.{lang}",
+        write_lines(out / f"test.{lang}", tokenize(tests[lang], workers, f"test.{lang}",
                                                    quote=True, **kw))
 
 

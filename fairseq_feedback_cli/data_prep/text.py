@@ -44,9 +44,22 @@ def pmap(fn: Callable, items: Iterable, workers: int, desc: str, total: Optional
         yield from bar(pool.imap(fn, items, chunksize=500))
 
 
-def sgm_segments(path: Path) -> List[str]:
-    """The segments of an .sgm/.xml test set, read as feedback-score reads its references."""
-    return segments(read_lines(path))
+def parallel_segments(paths: Dict[str, Sequence[Path]]) -> Dict[str, List[str]]:
+    """The segments of each language's .sgm/.xml test sets (read as
+    feedback-score reads its references), one file of each language at a
+    time: files of a pair that hold different numbers of segments would pair
+    sentences with the wrong translations, so that stops the script."""
+    found = {lang: [] for lang in paths}
+    for files in zip(*paths.values()):
+        counts = {}
+        for lang, path in zip(paths, files):
+            segs = segments(read_lines(path), str(path))
+            counts[path.name] = len(segs)
+            found[lang] += segs
+        if len(set(counts.values())) > 1:
+            fail("the test sets do not pair up, segment for segment: "
+                 + ", ".join(f"{name} has {n}" for name, n in counts.items()) + "; fetch them again")
+    return found
 
 
 @functools.lru_cache(maxsize=None)

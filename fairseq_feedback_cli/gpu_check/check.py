@@ -24,6 +24,7 @@ CONSOLE_SCRIPTS = {"fairseq_cli.preprocess": "fairseq-preprocess", "fairseq_cli.
 
 PASSED, FAILED, NOT_RUN = "passed", "failed", "not run"
 SKIPPED, STOPPED, INTERRUPTED = "skipped for time", "stopped for time", "interrupted"
+NOT_JUDGED = "not judged"  # it ran, but what it checks did not happen (no graph could be captured)
 
 
 @dataclass
@@ -204,4 +205,4 @@ class Check:
 
     def exit_status(self) -> int:
         statuses = {record["status"] for record in self.records}
-        return 1 if statuses & {FAILED, INTERRUPTED} else 2 if statuses & {SKIPPED, STOPPED} else 0
+        return 1 if statuses & {FAILED, INTERRUPTED} else 2 if statuses & {SKIPPED, STOPPED, NOT_JUDGED} else 0

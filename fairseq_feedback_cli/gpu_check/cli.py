@@ -23,11 +23,13 @@ and one still running at the deadline is stopped; the report says which. The rep
 are written into OUT.tmp beside --out, where report.md says how far the run has got, and
 OUT.tmp becomes OUT when the run ends. Exit status: 0 when every step asked for passed;
 1 when one failed (the last line names it); 2 when none failed but some were skipped or
-stopped for time. How to read the report: docs/gpu-check.md.
+stopped for time, or ran without what they check happening (not judged: part 2 with too few
+--updates for a batch shape to come twice). How to read the report: docs/gpu-check.md.
 """
 
 import argparse
 import datetime
+import math
 import os
 import signal
 import sys
@@ -37,7 +39,8 @@ from typing import List
 
 from ..command_line import ArgumentParser, check_at_least, fail
 from ..outputs import atomic_folder
-from .check import FAILED, INTERRUPTED, NOT_RUN, PASSED, SKIPPED, STOPPED, Check, OutOfTime, Step, StepFailed
+from .check import (FAILED, INTERRUPTED, NOT_JUDGED, NOT_RUN, PASSED, SKIPPED, STOPPED, Check, OutOfTime, Step,
+                    StepFailed)
 from .gpu_tests import gpu_tests
 from .machine import describe_machine
 from .report import write_report
@@ -131,8 +134,11 @@ def main(argv=None):
                                                         + ")")
     args = parser.parse_args(argv)
     check_at_least(args, updates=1)
-    if args.minutes <= 0 or (args.tolerance is not None and args.tolerance < 0):
-        fail("--minutes must be above 0 and --tolerance 0 or above")
+    # nan compares false with everything: taken, it skipped every step (--minutes) or passed every loss (--tolerance)
+    if not math.isfinite(args.minutes) or args.minutes <= 0:
+        fail(f"--minutes must be a number above 0, got {args.minutes:g}")
+    if args.tolerance is not None and not (math.isfinite(args.tolerance) and args.tolerance >= 0):
+        fail(f"--tolerance must be a number, 0 or above, got {args.tolerance:g}")
     args.cuda_graphs = args.cuda_graphs or ("auto" if args.device == "cuda" else "emulate")
     args.size = args.size or ("full" if args.device == "cuda" else "tiny")
     import torch
@@ -189,6 +195,7 @@ def run_all(args, out: str, machine: dict, command: List[str]) -> None:
 
     print(f"feedback-gpu-check: {check.status} in {minutes:.1f} min: passed {steps(PASSED) or 'none'}"
           + (f"; skipped or stopped for time: {steps(SKIPPED, STOPPED)} (--minutes {args.minutes:g})"
-             if steps(SKIPPED, STOPPED) else "") + (f"; not run: {steps(NOT_RUN)}" if steps(NOT_RUN) else "")
+             if steps(SKIPPED, STOPPED) else "") + (f"; not judged: {steps(NOT_JUDGED)}" if steps(NOT_JUDGED) else "")
+          + (f"; not run: {steps(NOT_RUN)}" if steps(NOT_RUN) else "")
           + f"; the report: {report}", flush=True)
     sys.exit(check.exit_status())

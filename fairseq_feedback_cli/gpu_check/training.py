@@ -6,7 +6,7 @@ import json
 import re
 from typing import Dict, List, Optional, Tuple
 
-from .check import PLUGIN, Check, Command, Outcome, StepFailed, read
+from .check import NOT_JUDGED, PLUGIN, Check, Command, Outcome, StepFailed, read
 from .corpora import parallel_corpus
 from .sizes import LOSS_TOLERANCE
 
@@ -36,6 +36,15 @@ def graphs_in(log: str) -> Tuple[int, Optional[str]]:
     """The graphs a run captured, and the line saying why its graphs gave up (None: they did not)."""
     gave_up = re.findall(r".*: CUDA graph.*running eagerly from now on.*", log)
     return len(re.findall(r"captured graph \d+", log)), (gave_up[0].split(" | ")[-1] if gave_up else None)
+
+
+def no_shape_repeated(log: str) -> bool:
+    """Whether every block of a run with graphs was a shape of its own (by
+    the graph cache's lines: calls since the previous line, keys since the
+    start), so that no graph could be captured: a shape is captured at its
+    second sighting."""
+    lines = re.findall(r"graph cache \| keys (\d+) \| calls (\d+) \|", log)
+    return bool(lines) and sum(int(calls) for _, calls in lines) <= int(lines[-1][0])
 
 
 def compare_training(graphed: str, eager: str, tolerance: float) -> Tuple[dict, List[str]]:
@@ -83,6 +92,12 @@ def training_comparison(check: Check) -> Outcome:
                                          f"train-{precision}-graphs-{graphs}.log")
             for precision in LOSS_TOLERANCE for graphs in (check.graphs, "off")}
     check.run(*runs.values())
+    unjudged = [precision for precision in LOSS_TOLERANCE
+                if no_shape_repeated(read(check.path("logs", runs[precision, check.graphs].log)))]
+    if unjudged:  # the graph path did not fail: it never ran
+        return Outcome(f"not judged: no batch shape came twice in {updates} updates ({', '.join(unjudged)}), so no "
+                       "graph could be captured (a shape is captured at its second sighting): pass more --updates",
+                       status=NOT_JUDGED)
     figures, failures, rows = {}, [], []
     for precision in LOSS_TOLERANCE:
         graphed, eager = (read(check.path("logs", runs[precision, graphs].log)) for graphs in (check.graphs, "off"))

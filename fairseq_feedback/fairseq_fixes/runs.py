@@ -1,0 +1,113 @@
+"""What a run of fairseq-train or fairseq-generate writes, kept whole however the run ends.
+
+fairseq-train writes its --save-dir and fairseq-generate its --results-path
+as they go: two runs into one folder both ended with exit status 0, their
+checkpoints or results mixed; fairseq-generate wrote its results file in
+place, so Ctrl-C replaced a complete earlier result with part of a new
+one; a folder that could not be written was found when the first write
+failed, after the work (a link to nothing, a read-only disk); and Ctrl-C or
+a kill ended in a traceback. Here:
+
+- `held`: the folder is made (or found) and tried for writing before the
+  work, then held for the run alone: a second run into it is refused in
+  one line. An flock on the folder itself, which the system releases when
+  the process ends, however it ends, so a killed run never blocks the next.
+- `results_moved_into_place`: fairseq-generate writes its results under a
+  hidden name in --results-path, renamed into place when the run
+  completes; an interrupted or failed run leaves the previous results as
+  they were.
+- `sigterm_as_ctrl_c`: a kill (SIGTERM, a job scheduler's stop) ends a run
+  as Ctrl-C does, and one_line.py names an interruption in one line.
+"""
+
+import contextlib
+import copy
+import fcntl
+import os
+import shutil
+import signal
+import tempfile
+from typing import Iterator
+
+from omegaconf import open_dict
+
+from ..errors import FeedbackUsageError
+from .one_line import PATH_FIXES
+
+
+@contextlib.contextmanager
+def held(folder: str, option: str) -> Iterator[None]:
+    """`folder`, writable, for this process alone while the block runs."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+        handle, tried = tempfile.mkstemp(dir=folder, prefix=".write-test-")  # permissions alone do not tell
+        os.close(handle)
+        os.remove(tried)
+        handle = os.open(folder, os.O_RDONLY)
+    except FileExistsError:
+        kind = "a link to nothing" if os.path.islink(folder) and not os.path.exists(folder) else "a file"
+        raise FeedbackUsageError(f"{option} {folder} is {kind}, not a folder: pass a folder") from None
+    except OSError as e:
+        fix = PATH_FIXES.get(e.errno, "pass another folder")
+        raise FeedbackUsageError(f"{option} {folder}: {e.strerror}: {fix}") from None
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise FeedbackUsageError(f"{option} {folder} is in use by another run, which has not ended: wait for it, "
+                                     f"or pass another {option}") from None
+        yield
+    finally:
+        os.close(handle)  # and with it the lock
+
+
+def is_rank_zero(cfg) -> bool:
+    """Whether this process is the first of its job, which holds the job's
+    folders: torchrun and SLURM name the rank in the environment before
+    fairseq reads it; otherwise the command line does (0 for one process, and
+    for the parent that spawns the others)."""
+    rank = os.environ.get("RANK", os.environ.get("SLURM_PROCID"))
+    return int(rank if rank is not None else cfg.distributed_training.distributed_rank or 0) == 0
+
+
+@contextlib.contextmanager
+def results_moved_into_place(cfg) -> Iterator[object]:
+    """fairseq-generate's configuration with --results-path a hidden folder in
+    it, whose results file replaces the real one when the block completes."""
+    folder = cfg.common_eval.results_path
+    name = f"generate-{cfg.dataset.gen_subset}.txt"
+    partial = os.path.join(folder, f".{name}.partial")
+    shutil.rmtree(partial, ignore_errors=True)  # what a killed run left (kill -9 too)
+    os.makedirs(partial)
+    staged = copy.deepcopy(cfg)
+    with open_dict(staged):
+        staged.common_eval.results_path = partial
+    try:
+        yield staged
+        if os.path.exists(os.path.join(partial, name)):
+            os.replace(os.path.join(partial, name), os.path.join(folder, name))
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def sigterm_as_ctrl_c() -> Iterator[None]:
+    """Within the block, SIGTERM raises KeyboardInterrupt, as Ctrl-C does: the
+    run's partial outputs are removed, the processes it started are stopped,
+    and it ends with its one line; by default Python would die at once and
+    leave them. A process forked from it (a data loader's worker) dies as it
+    would have."""
+    owner = os.getpid()
+
+    def interrupt(signum, frame):
+        if os.getpid() != owner:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
