@@ -111,16 +111,23 @@ def loaded_in_one_line(load_checkpoint_to_cpu):
 
 def recorded_configuration(path: str):
     """The options a complete checkpoint was trained with, as .model and
-    .task (each a dict, or fairseq's argparse Namespace of every option), read
-    without loading its tensors; None for a checkpoint that records none."""
+    .task (each a dict, or fairseq's argparse Namespace of every option), and
+    the names of all it records (.names), read without loading its tensors;
+    None for a checkpoint that records none."""
     check_complete(path)
     with refused_in_one_line(path), fairseq_checkpoints_allowed():
         # mmap: the tensors stay on disk; torch's format from before 1.6 cannot be mapped
         state = torch.load(path, map_location="cpu", mmap=is_complete(path), weights_only=True)
+    if not isinstance(state, dict) or "model" not in state:  # fairseq's loaders fail on a KeyError
+        raise FeedbackUsageError(f"{path} holds no model's parameters, so it is not a checkpoint that fairseq-train "
+                                 "wrote: check the path")
     cfg = state.get("cfg") or {}
     args = state.get("args")  # checkpoints of fairseq before its dataclass configuration
     model, task = cfg.get("model", args), cfg.get("task", args)
-    return None if model is None or task is None else types.SimpleNamespace(model=model, task=task)
+    if model is None or task is None:
+        return None
+    sections = [vars(args)] if args is not None else [section for section in cfg.values() if hasattr(section, "keys")]
+    return types.SimpleNamespace(model=model, task=task, names=frozenset(cfg).union(*map(set, sections)))
 
 
 def newest_complete_checkpoint(save_dir: str, suffix: str = ""):

@@ -236,12 +236,14 @@ def _checked_first(function, check):
 def _tool_checked_first(call_main):
     """distributed_utils.call_main(cfg, main), through which fairseq's tools
     run their main: the command line checked first, and a --save-dir the
-    run created and left empty removed."""
+    run created removed if it failed, with the crash.pt fairseq's trainer
+    saves there when an update fails, unless it holds checkpoints."""
 
     @functools.wraps(call_main)
     def checked(cfg, main, **kwargs):
         check_tool(cfg, tool_name(main))
-        with _removed_if_left_empty(cfg.checkpoint.save_dir):
+        save_dir = cfg.checkpoint.save_dir
+        with _nothing_half_written(save_dir, leftovers=[os.path.join(save_dir, "crash.pt")]):
             return call_main(cfg, main, **kwargs)
 
     return checked
@@ -249,8 +251,8 @@ def _tool_checked_first(call_main):
 
 def _generate_checked_first(main):
     """fairseq-generate's main, given its configuration once converted (it
-    converts a Namespace itself) and checked; a --results-path it created
-    for a run that failed is removed with the file it opened there."""
+    converts a Namespace itself) and checked; the file it writes in
+    --results-path is removed if it failed, and the folder if it created it."""
 
     @functools.wraps(main)
     def checked(cfg):
@@ -259,27 +261,40 @@ def _generate_checked_first(main):
         check_generate(cfg)
         folder = cfg.common_eval.results_path
         opened = [] if folder is None else [os.path.join(folder, f"generate-{cfg.dataset.gen_subset}.txt")]
-        with _removed_if_left_empty(folder, *opened):
+        with _nothing_half_written(folder, outputs=opened):
             return main(cfg)
 
     return checked
 
 
 @contextlib.contextmanager
-def _removed_if_left_empty(folder, *partial):
-    """A folder that the block creates is removed if the block fails, once
-    the `partial` files it wrote there are: only if that leaves it empty."""
+def _nothing_half_written(folder, outputs=(), leftovers=()):
+    """If the block fails: the `outputs` it wrote are removed (not one it
+    left as it was), and a folder it created is removed with the
+    `leftovers` of the failure written there, if that leaves it empty."""
     created = folder is not None and not os.path.exists(folder)
+    before = {path: _stat(path) for path in outputs}
     try:
         yield
     except BaseException:
+        for path, stat in before.items():
+            if _stat(path) not in (None, stat):
+                os.remove(path)
         if created and os.path.isdir(folder):
-            for path in partial:
+            for path in leftovers:
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(path)
             with contextlib.suppress(OSError):  # not empty: what it holds was worth keeping
                 os.rmdir(folder)
         raise
+
+
+def _stat(path):
+    """What tells whether a file was written: its size and time of change (None: no file)."""
+    with contextlib.suppress(FileNotFoundError):
+        stat = os.stat(path)
+        return stat.st_size, stat.st_mtime_ns
+    return None
 
 
 def _one_line_for_fixable_mistakes(previous):
