@@ -95,8 +95,8 @@ def _in_fairseqs_words(raised):
     words = words or origin.statement(frame)  # a bare assert: its condition
     if len(words) > MESSAGE_CHARS:
         words = words[:MESSAGE_CHARS] + " ..."
-    return (f"{raised.type_name}: {words} ({'; '.join(_where(raised.frames, raised.message))}; for the whole traceback, rerun with "
-            f"{TRACEBACK}=1)")
+    where = "; ".join(_where(raised.frames, raised.message))
+    return f"{raised.type_name}: {words} ({where}; for the whole traceback, rerun with {TRACEBACK}=1)"
 
 
 def _where(frames, message):
@@ -132,8 +132,10 @@ def _given_options(argv) -> dict:
 
 
 def _names(text: str, name: str) -> bool:
-    """Whether `text` names an option (as fairseq's configuration spells it, or as its flag)."""
-    return re.search(rf"(?<![\w-])(?:{name}|--{name.replace('_', '-')})(?![\w-])", text) is not None
+    """Whether fairseq's words or code name an option: as its flag, as an attribute (cfg.dataset.beam),
+    or by its name alone if that is not a plain word (update_freq, not task, which names variables too)."""
+    alone = [re.escape("--" + name.replace("_", "-"))] + ([name] if "_" in name else [])
+    return re.search(rf"(?:(?<![\w-])(?:{'|'.join(alone)})|\.{name})(?![\w-])", text) is not None
 
 
 def _path_refused(exc: OSError) -> str:

@@ -290,8 +290,8 @@ def _nothing_half_written(folder, outputs=(), leftovers=()):
 
 
 def _stat(path):
-    """What tells whether a file was written: its size and time of change (None: no file)."""
-    with contextlib.suppress(FileNotFoundError):
+    """What tells whether a file was written: its size and time of change (None: no file there)."""
+    with contextlib.suppress(OSError):
         stat = os.stat(path)
         return stat.st_size, stat.st_mtime_ns
     return None
