@@ -68,6 +68,11 @@ def at_least(low, *names):
             for name in names for value in (0, -1) if value < low]
 
 
+def literally(text):
+    """A value whose braces are not the sweep's placeholders (a Python dict given on the command line)."""
+    return text.replace("{", "{{").replace("}", "}}")
+
+
 def bounded(bound, values, *names):
     return [(name, value, f"--{name} must be {bound}, got {value}") for name in names for value in values]
 
@@ -376,21 +381,22 @@ CASES = {
     "eval-lm --softmax-batch 0": Case("eval_lm", [*EVAL_LM, "--softmax-batch", "0"],
                                       "--softmax-batch must be at least 1, got 0"),
     "eval-lm --shard-id 1": Case("eval_lm", [*EVAL_LM, "--shard-id", "1"], "--shard-id 1 is not below --num-shards 1"),
-    "eval-lm --model-overrides with --dropout 1.5": Case("eval_lm", [*EVAL_LM, "--model-overrides", "{'dropout': 1.5}"],
-                                                         "--dropout must be in [0, 1), got 1.5"),
+    "eval-lm --model-overrides with --dropout 1.5": Case(
+        "eval_lm", [*EVAL_LM, "--model-overrides", literally("{'dropout': 1.5}")], "--dropout must be in [0, 1), got 1.5"),
     # 2. a structured option of the wrong shape or type
     **{f"lm --adam-betas {betas}": lm("--adam-betas", betas, message=f"--adam-betas must be two numbers in [0, 1), as "
                                                                      f"'(0.9, 0.98)', got '{betas}'")
        for betas in ("(0.9)", "(0.9, 0.98, 0.5)", "(0.9, 1.5)", "x")},
     **{f"{tool.replace('_', '-')} --model-overrides {given}": Case(
-        tool, [*argv, "--model-overrides", given], "--model-overrides must be a Python dict of option names and values")
+        tool, [*argv, "--model-overrides", literally(given)],
+        "--model-overrides must be a Python dict of option names and values")
        for tool, argv, given in (("eval_lm", EVAL_LM, "not a dict"), ("eval_lm", EVAL_LM, "[1, 2]"),
                                  ("generate", GENERATE, "{'beam': 5"))},
     "eval-lm --model-overrides of an option the checkpoint lacks": Case(
-        "eval_lm", [*EVAL_LM, "--model-overrides", "{'nosuch': 1}"],
+        "eval_lm", [*EVAL_LM, "--model-overrides", literally("{'nosuch': 1}")],
         "--model-overrides names nosuch, which {LM_CKPT} does not record (fairseq would ignore it)"),
     **{f"{tool.replace('_', '-')} --model-overrides {given}": Case(
-        tool, [*argv, "--model-overrides", given], f"--model-overrides changes the model {{{checkpoint}}} holds "
+        tool, [*argv, "--model-overrides", literally(given)], f"--model-overrides changes the model {{{checkpoint}}} holds "
                                                    f"(trained with {was}; asked for {now})")
        for tool, argv, checkpoint, given, was, now in (
            ("eval_lm", EVAL_LM, "LM_CKPT", "{'decoder_layers': 3}", "decoder_layers 2", "decoder_layers 3"),
@@ -399,7 +405,7 @@ CASES = {
             "encoder_embed_dim 32"))},
     # a plugin's option of the wrong type, refused by omegaconf as fairseq merges the overrides
     "eval-lm --model-overrides with --adaptive-span-loss 'x'": Case(
-        "eval_lm", [*EVAL_LM, "--model-overrides", "{'adaptive_span_loss': 'x'}"],
+        "eval_lm", [*EVAL_LM, "--model-overrides", literally("{'adaptive_span_loss': 'x'}")],
         "omegaconf.errors.ValidationError: Value 'x' of type 'str' could not be converted to Float; full_key: "
         "adaptive_span_loss"),
     "translation --lr-scheduler tri_stage --phase-ratio of two": tr(
@@ -455,12 +461,14 @@ CASES = {
         "--lr", "1e-3,1e-4", "--lr-scheduler", "inverse_sqrt",
         message="ValueError: Cannot use a fixed learning rate schedule with inverse_sqrt. Consider "
                 "--lr-scheduler=fixed instead. (in fairseq.optim.lr_scheduler.inverse_square_root_schedule; check "
-                "--lr 1e-3,1e-4"),
-    "lm --criterion adaptive_loss (the first batch)": lm(
+                "--lr 1e-3,1e-4, --lr-scheduler inverse_sqrt; for the whole traceback"),
+    "lm --criterion adaptive_loss (building the criterion)": lm(
         "--criterion", "adaptive_loss", message="Exception: AdaptiveLoss is not compatible with the PyTorch version "
                                                 "of DistributedDataParallel. Please use `--ddp-backend=legacy_ddp` "
-                                                "instead. (in fairseq.criterions.adaptive_loss; check --criterion "
-                                                "adaptive_loss"),
+                                                "instead. (in fairseq.criterions.adaptive_loss; for the whole traceback"),
+    # fairseq's trainer saves crash.pt in --save-dir as the update fails: the folder goes all the same
+    "lm --criterion legacy_masked_lm_loss (the first batch)": lm(
+        "--criterion", "legacy_masked_lm_loss", message="KeyError: 'lm_target' (in fairseq.criterions.legacy_masked_lm"),
     "generate --print-alignment (the first batch)": Case("generate", [*GENERATE, "--print-alignment"],
                                                          "(in fairseq.sequence_generator; "),
     "lm --best-checkpoint-metric nosuch (validation mid-epoch)": lm(

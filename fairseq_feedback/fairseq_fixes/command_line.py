@@ -11,19 +11,25 @@ hydra-train), check_generate for fairseq-generate. In this order:
 - the model with the task, both as classes (the model is None unless the
   tool trains one, which it builds from the command line);
 - the streaming task's options: blocks, batches of streams, labels;
-- fairseq's own options at values they cannot take (sizes of zero or
-  less, probabilities outside [0, 1)): the model's, the batches',
-  generation's; and half precision, which fairseq computes on a GPU (or
-  a TPU) only;
+- fairseq's own options at values that mean nothing (sizes of zero or
+  less, probabilities outside [0, 1), rates of zero): the model's, the
+  batches', the training loop's, the optimizer's, the scheduler's, the
+  criterion's, generation's; those that go together (--nbest and --beam);
+  those given as Python literals (--adam-betas, --model-overrides); ranks
+  that fairseq would spawn on no GPU; and half precision, which fairseq
+  computes on a GPU (or a TPU) only;
 - the decoder's options (models/feedback_config.py, beside their
   definitions);
 - the data: the directories, a translation task's language pair, the
-  splits the tool reads (present, not empty, not cut short);
+  dictionaries (read by fairseq, whose checks of their format so come
+  first), the splits the tool reads (present, not empty, not cut short, of
+  no token beyond their dictionary);
 - the checkpoints named on the command line (present, and complete) and
   the one training continues from, against what they were trained with
   (read from the checkpoint): training continues a model with the options
   it was trained with, and the objective (--labels); a model trained to
-  predict labels is not scored or sampled as a language model.
+  predict labels is not scored or sampled as a language model; and what
+  --model-overrides changes of it.
 
 Every tool also checks a split as fairseq loads it (check_binarized), and
 the models and tasks check their pairing as they are built

@@ -101,18 +101,22 @@ def _in_fairseqs_words(raised):
 
 def _where(frames, message):
     """Where fairseq raised: its module (and, in omegaconf's or hydra's, the module of fairseq's that
-    called it), the options of the command line that its message or the statements there name, and
-    the file it was reading."""
+    called it), the options of the command line that its message names or the statement that failed
+    reads (or, if none, the statement that called it, up to NEAR frames out), and the file it was
+    reading."""
     inner = origin.fairseq_frames(frames)  # innermost first
     modules = [origin.module_name(frame) for frame in inner]
     called_from = next((f", from {name}" for name in modules if name.startswith("fairseq")), "")
     where = [f"in {modules[0]}" + ("" if modules[0].startswith("fairseq") else called_from)]
     given = _given_options(sys.argv[1:])
-    for text in [message, *map(origin.statement, inner[:NEAR])]:  # its words, where it failed, the frames outside
-        used = [option for name, option in given.items() if _names(text, name)]
-        if used:
-            where.append("check " + ", ".join(used))
+    named = {name for name in given if _in_words(message, name)}
+    for frame in inner[:NEAR]:  # where fairseq failed, else the frames just outside
+        in_code = {name for name in given if _in_code(origin.statement(frame), name)}
+        if in_code:
+            named |= in_code
             break
+    if named:
+        where.append("check " + ", ".join(option for name, option in given.items() if name in named))
     read = next((path for frame in inner[:NEAR] for path in origin.files_open(frame)), None)
     if read is not None:
         where.append(f"reading {read}")
@@ -131,11 +135,15 @@ def _given_options(argv) -> dict:
     return given
 
 
-def _names(text: str, name: str) -> bool:
-    """Whether fairseq's words or code name an option: as its flag, as an attribute (cfg.dataset.beam),
-    or by its name alone if that is not a plain word (update_freq, not task, which names variables too)."""
-    alone = [re.escape("--" + name.replace("_", "-"))] + ([name] if "_" in name else [])
-    return re.search(rf"(?:(?<![\w-])(?:{'|'.join(alone)})|\.{name})(?![\w-])", text) is not None
+def _in_words(message: str, name: str) -> bool:
+    """Whether fairseq's (or omegaconf's) message names an option: by its flag, or as a key of the configuration."""
+    flag = re.escape("--" + name.replace("_", "-"))
+    return re.search(rf"(?<![\w-]){flag}(?![\w-])|full_key: {name}\b", message) is not None
+
+
+def _in_code(statement: str, name: str) -> bool:
+    """Whether fairseq's code reads an option, from a configuration: cfg.generation.beam, self.args.lr."""
+    return re.search(rf"\w*(?:cfg|args)(?:\.\w+)*\.{name}\b", statement) is not None
 
 
 def _path_refused(exc: OSError) -> str:

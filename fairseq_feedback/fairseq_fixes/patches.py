@@ -37,9 +37,13 @@ everywhere, since fairseq's data classes fail without it in any program:
   issue 3903; one cut short). What the tool created for a run that then
   failed is removed if it holds nothing.
 - every mistake ends in a traceback, even a missing file (fairseq issues
-  974, 2831): the mistakes a user can fix print one line (one_line.py), and a
-  checkpoint that weights-only loading refuses is named in one line, without
-  torch's advice to turn the check off (checkpoints.py).
+  974, 2831): an exception that fairseq's code raised, and the mistakes this
+  plugin names, print one line (one_line.py; origin.py tells fairseq's from
+  ours, in a rank fairseq spawned too), and a checkpoint that weights-only
+  loading refuses is named in one line, without torch's advice to turn the
+  check off (checkpoints.py). What a run that failed created holds nothing
+  half-written: fairseq-generate's results file goes, and a --save-dir the
+  run created goes with fairseq's crash.pt unless it holds checkpoints.
 - fairseq prefetches batches in a daemon thread (BufferedIterator's
   BackgroundConsumer); one still making a batch when the tool ends is
   stopped by CPython inside a call to torch, which aborts the process
