@@ -461,7 +461,7 @@ CASES = {
         "--lr", "1e-3,1e-4", "--lr-scheduler", "inverse_sqrt",
         message="ValueError: Cannot use a fixed learning rate schedule with inverse_sqrt. Consider "
                 "--lr-scheduler=fixed instead. (in fairseq.optim.lr_scheduler.inverse_square_root_schedule; check "
-                "--lr 1e-3,1e-4, --lr-scheduler inverse_sqrt; for the whole traceback"),
+                "--lr-scheduler inverse_sqrt; for the whole traceback"),
     "lm --criterion adaptive_loss (building the criterion)": lm(
         "--criterion", "adaptive_loss", message="Exception: AdaptiveLoss is not compatible with the PyTorch version "
                                                 "of DistributedDataParallel. Please use `--ddp-backend=legacy_ddp` "

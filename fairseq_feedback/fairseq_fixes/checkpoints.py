@@ -30,6 +30,7 @@ import re
 import shutil
 import types
 import zipfile
+from argparse import Namespace
 
 import torch
 from fairseq.file_io import PathManager
@@ -126,8 +127,16 @@ def recorded_configuration(path: str):
     model, task = cfg.get("model", args), cfg.get("task", args)
     if model is None or task is None:
         return None
-    sections = [vars(args)] if args is not None else [section for section in cfg.values() if hasattr(section, "keys")]
-    return types.SimpleNamespace(model=model, task=task, names=frozenset(cfg).union(*map(set, sections)))
+    names = frozenset(cfg).union(*map(_option_names, [args] if args is not None else cfg.values()))
+    return types.SimpleNamespace(model=model, task=task, names=names)
+
+
+def _option_names(section) -> set:
+    """The names in a section of a configuration: a dict, or the Namespace of a model of fairseq's
+    argparse kind (none in a value)."""
+    if isinstance(section, Namespace):
+        return set(vars(section))
+    return set(section) if hasattr(section, "keys") else set()
 
 
 def newest_complete_checkpoint(save_dir: str, suffix: str = ""):
