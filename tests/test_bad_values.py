@@ -408,6 +408,10 @@ CASES = {
         "eval_lm", [*EVAL_LM, "--model-overrides", literally("{'adaptive_span_loss': 'x'}")],
         "omegaconf.errors.ValidationError: Value 'x' of type 'str' could not be converted to Float; full_key: "
         "adaptive_span_loss"),
+    **{f"lm --decoder-layers-to-keep {keep}": lm(
+        "--decoder-layers-to-keep", keep, message=f"--decoder-layers-to-keep must be numbers of layers below "
+                                                  f"--decoder-layers 2, each once, as '0,2', got '{keep}'")
+       for keep in ("x", "0,5", "1,1")},
     "translation --lr-scheduler tri_stage --phase-ratio of two": tr(
         "--lr-scheduler", "tri_stage", "--phase-ratio", "(0.5, 0.5)",
         message="omegaconf.errors.ConfigIndexError: list index out of range; full_key: phase_ratio[2]; "

@@ -252,8 +252,24 @@ COMPONENT_RANGES = {("lr_scheduler", "inverse_sqrt"): {"warmup_updates": (lambda
 def check_model_options(model_cfg, model) -> None:
     """The options of a model trained (or built from options): fairseq's, then the decoder's."""
     check_ranges(model_cfg, MODEL_RANGES)
+    check_layers_to_keep(model_cfg)
     if issubclass(model, PluginModel):
         check_feedback_args(model_cfg)
+
+
+def check_layers_to_keep(model_cfg) -> None:
+    """--encoder-layers-to-keep and --decoder-layers-to-keep: numbers of layers of the model, each once.
+    fairseq builds as many layers as the list has items, whatever they are ('x' trained one layer)."""
+    for side in ("encoder", "decoder"):
+        given = _option(model_cfg, f"{side}_layers_to_keep", None)
+        if not given:
+            continue
+        layers = _number(_option(model_cfg, f"{side}_layers", None))
+        keep = [number.strip() for number in str(given).split(",")]
+        if not all(number.isdigit() for number in keep) or len(set(keep)) < len(keep) \
+                or (layers is not None and max(map(int, keep)) >= layers):
+            raise FeedbackUsageError(f"--{side}-layers-to-keep must be numbers of layers below --{side}-layers "
+                                     f"{layers}, each once, as '0,2', got {given!r}")
 
 
 def check_fairseq_options(cfg) -> None:
