@@ -215,7 +215,7 @@ OPTION_RANGES = {
     **dict.fromkeys(("distributed_world_size", "nprocs_per_node", "model_parallel_size", "bucket_cap_mb",
                      "localsgd_frequency"), AT_LEAST_1),
     # the optimizer
-    **dict.fromkeys(("lr", "adam_eps", "adamax_eps"), ABOVE_0),  # a rate of 0 trains nothing
+    **dict.fromkeys(("lr", "adam_eps", "adamax_eps"), ABOVE_0),  # --lr 0 trains nothing; an eps of 0 divides by 0
     "weight_decay": AT_LEAST_0,
     **dict.fromkeys(("momentum", "beta1"), PROBABILITY),
     "clip_threshold": ABOVE_0,
@@ -243,10 +243,11 @@ OPTION_RANGES = {
 # checked with the model and the task)
 SECTIONS = ("common", "distributed_training", "dataset", "optimization", "checkpoint", "generation", "eval_lm",
             "interactive", "optimizer", "lr_scheduler", "criterion")
-# an option whose range depends on the component that reads it
-COMPONENT_RANGES = {("lr_scheduler", "inverse_sqrt"): {"warmup_updates": (lambda v: v >= 1, "at least 1 with "
-                                                                          "--lr-scheduler inverse_sqrt, which "
-                                                                          "divides by it")}}
+# options whose range depends on the component that reads them: (section, its _name): ranges
+COMPONENT_RANGES = {
+    ("lr_scheduler", "inverse_sqrt"): {
+        "warmup_updates": (lambda v: v >= 1, "at least 1 with --lr-scheduler inverse_sqrt, which divides by it")},
+}
 
 
 def check_model_options(model_cfg, model) -> None:
@@ -321,6 +322,7 @@ def model_overrides(given):
 
 
 def _literal(text):
+    """The Python literal a text holds (None if it holds none), as ast reads it without running it."""
     try:
         return ast.literal_eval(text) if isinstance(text, str) else None
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
