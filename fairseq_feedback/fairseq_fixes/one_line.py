@@ -2,7 +2,7 @@
 
 fairseq's tools let every exception escape with a traceback, even for a
 missing file. one_line() gives the line to print instead, by one rule
-(docs/reliability.md, "Errors"):
+(docs/reliability.md, "One line for a mistake, a traceback for a defect"):
 
 - this plugin's FeedbackUsageError: its message, which says what to change;
 - a path the system refused, and the few exceptions of fairseq whose message
@@ -12,8 +12,9 @@ missing file. one_line() gives the line to print instead, by one rule
   omegaconf, hydra: origin.py tells), which checks and uses what the user
   gave (options, files, checkpoints): its type and message in fairseq's own
   words, where it was raised (the module, the options of the command line
-  that the failing statements name, the file fairseq was reading) and how
-  to see the whole traceback (FAIRSEQ_FEEDBACK_TRACEBACK=1);
+  that its message names or its failing statement reads, the file fairseq
+  was reading) and how to see the whole traceback
+  (FAIRSEQ_FEEDBACK_TRACEBACK=1);
 - None for an exception raised in this plugin's code (or in a program of
   one's own): a defect, whose traceback must show.
 
