@@ -68,6 +68,11 @@ def at_least(low, *names):
             for name in names for value in (0, -1) if value < low]
 
 
+def literally(text):
+    """A value whose braces are not the sweep's placeholders (a Python dict given on the command line)."""
+    return text.replace("{", "{{").replace("}", "}}")
+
+
 def bounded(bound, values, *names):
     return [(name, value, f"--{name} must be {bound}, got {value}") for name in names for value in values]
 
@@ -92,6 +97,13 @@ GENERATE_NUMBERS = (
     at_least(1, "beam", "nbest", "batch-size", "max-tokens", "required-batch-size-multiple")
     + at_least(0, "max-len-a", "max-len-b", "min-len", "no-repeat-ngram-size", "prefix-size", "num-workers")
     + bounded("greater than 0", [0, -1], "temperature")
+)
+# fairseq's options of training, by the part of fairseq that reads them: the loop, the optimizer, the criterion
+TRAINING_NUMBERS = (
+    at_least(1, "update-freq", "validate-interval", "save-interval", "log-interval")
+    + bounded("at least 0", [-1], "max-update", "clip-norm", "save-interval-updates", "weight-decay")
+    + bounded("greater than 0", [0, -1], "lr", "adam-eps")
+    + bounded("in [0, 2**32)", [-1], "seed")
 )
 TR_NUMBERS = (
     at_least(1, *MODEL_OPTIONS, "encoder-embed-dim", "encoder-ffn-embed-dim", "encoder-attention-heads",
@@ -346,6 +358,129 @@ CASES = {
                                                      "--threads must be at least 1") for value in (0, -1)},
     "feedback-benchmark --preset nope": Case("fairseq_feedback_cli.benchmark", ["--preset", "nope"],
                                              "invalid choice: 'nope'"),
+    # issue 45, the four kinds of mistake that fairseq's own code meets, whatever the option, file or moment
+    # 1. a value that means nothing to fairseq: refused by its range, before the run
+    **{f"lm --{name} {value}": lm(f"--{name}", str(value), message=message)
+       for name, value, message in TRAINING_NUMBERS},
+    "lm --update-freq 1,0": lm("--update-freq", "1,0", message="--update-freq must be at least 1, got 0"),
+    "lm --optimizer sgd --momentum 1": lm("--optimizer", "sgd", "--momentum", "1",
+                                          message="--momentum must be in [0, 1), got 1"),
+    "translation --label-smoothing 1.5": tr("--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "1.5",
+                                            message="--label-smoothing must be in [0, 1), got 1.5"),
+    "translation --lr-scheduler inverse_sqrt --warmup-updates 0": tr(
+        "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "0",
+        message="--warmup-updates must be at least 1 with --lr-scheduler inverse_sqrt, which divides by it, got 0"),
+    "lm --lr-scheduler reduce_lr_on_plateau --lr-shrink 0": lm(
+        "--lr-scheduler", "reduce_lr_on_plateau", "--lr-shrink", "0", message="--lr-shrink must be in (0, 1], got 0"),
+    "generate --sampling-topp 1.5": Case("generate", [*GENERATE, "--sampling", "--sampling-topp", "1.5"],
+                                         "--sampling-topp must be in (0, 1] (or -1: off), got 1.5"),
+    "generate --sampling-topk 0": Case("generate", [*GENERATE, "--sampling", "--sampling-topk", "0"],
+                                       "--sampling-topk must be at least 1 (or -1: off), got 0"),
+    "generate --nbest above --beam": Case("generate", [*GENERATE, "--nbest", "3", "--beam", "2"],
+                                          "--nbest 3 is more than --beam 2"),
+    "eval-lm --softmax-batch 0": Case("eval_lm", [*EVAL_LM, "--softmax-batch", "0"],
+                                      "--softmax-batch must be at least 1, got 0"),
+    "eval-lm --shard-id 1": Case("eval_lm", [*EVAL_LM, "--shard-id", "1"], "--shard-id 1 is not below --num-shards 1"),
+    "eval-lm --model-overrides with --dropout 1.5": Case(
+        "eval_lm", [*EVAL_LM, "--model-overrides", literally("{'dropout': 1.5}")], "--dropout must be in [0, 1), got 1.5"),
+    # 2. a structured option of the wrong shape or type
+    **{f"lm --adam-betas {betas}": lm("--adam-betas", betas, message=f"--adam-betas must be two numbers in [0, 1), as "
+                                                                     f"'(0.9, 0.98)', got '{betas}'")
+       for betas in ("(0.9)", "(0.9, 0.98, 0.5)", "(0.9, 1.5)", "x")},
+    **{f"{tool.replace('_', '-')} --model-overrides {given}": Case(
+        tool, [*argv, "--model-overrides", literally(given)],
+        "--model-overrides must be a Python dict of option names and values")
+       for tool, argv, given in (("eval_lm", EVAL_LM, "not a dict"), ("eval_lm", EVAL_LM, "[1, 2]"),
+                                 ("generate", GENERATE, "{'beam': 5"))},
+    "eval-lm --model-overrides of an option the checkpoint lacks": Case(
+        "eval_lm", [*EVAL_LM, "--model-overrides", literally("{'nosuch': 1}")],
+        "--model-overrides names nosuch, which {LM_CKPT} does not record (fairseq would ignore it)"),
+    **{f"{tool.replace('_', '-')} --model-overrides {given}": Case(
+        tool, [*argv, "--model-overrides", literally(given)], f"--model-overrides changes the model {{{checkpoint}}} holds "
+                                                   f"(trained with {was}; asked for {now})")
+       for tool, argv, checkpoint, given, was, now in (
+           ("eval_lm", EVAL_LM, "LM_CKPT", "{'decoder_layers': 3}", "decoder_layers 2", "decoder_layers 3"),
+           ("eval_lm", EVAL_LM, "LM_CKPT", "{'memory_span': 0}", "memory_span 8", "memory_span 0"),
+           ("generate", GENERATE, "TR_CKPT", "{'encoder_embed_dim': 32}", "encoder_embed_dim 16",
+            "encoder_embed_dim 32"))},
+    # a plugin's option of the wrong type, refused by omegaconf as fairseq merges the overrides
+    "eval-lm --model-overrides with --adaptive-span-loss 'x'": Case(
+        "eval_lm", [*EVAL_LM, "--model-overrides", literally("{'adaptive_span_loss': 'x'}")],
+        "omegaconf.errors.ValidationError: Value 'x' of type 'str' could not be converted to Float; full_key: "
+        "adaptive_span_loss"),
+    **{f"lm --decoder-layers-to-keep {keep}": lm(
+        "--decoder-layers-to-keep", keep, message=f"--decoder-layers-to-keep must be numbers of layers below "
+                                                  f"--decoder-layers 2, each once, as '0,2', got '{keep}'")
+       for keep in ("x", "0,5", "1,1")},
+    "translation --lr-scheduler tri_stage --phase-ratio of two": tr(
+        "--lr-scheduler", "tri_stage", "--phase-ratio", "(0.5, 0.5)",
+        message="omegaconf.errors.ConfigIndexError: list index out of range; full_key: phase_ratio[2]; "
+                "reference_type=Optional[Tuple[float, float, float]]; object_type=list (in omegaconf.listconfig, "
+                "from fairseq.optim.lr_scheduler.tri_stage_lr_scheduler; check --phase-ratio '(0.5, 0.5)'; "
+                "for the whole traceback, rerun with FAIRSEQ_FEEDBACK_TRACEBACK=1)"),
+    # 3. a malformed file that fairseq reads: its dictionaries read before the run, as fairseq reads them
+    **{f"{name}: {file} with a word twice": Case(
+        tool, [f"{{{data}}}", *argv[1:]], f"RuntimeError: Duplicate word found when loading Dictionary: '{word}'. "
+                                          "Duplicate words can overwrite earlier ones by adding the #fairseq:overwrite "
+                                          f"flag at the end of the corresponding row in the dictionary file. If using "
+                                          f"the Camembert model, please download an updated copy of the model file. "
+                                          f"(in fairseq.data.dictionary; reading {{{data}}}/{file}; for the whole "
+                                          "traceback, rerun with FAIRSEQ_FEEDBACK_TRACEBACK=1)")
+       for name, tool, argv, data, file, word in (
+           ("lm", "train", LM_TRAIN, "LM_WORD_TWICE", "dict.txt", "s1"),
+           ("eval-lm", "eval_lm", EVAL_LM, "LM_WORD_TWICE", "dict.txt", "s1"),
+           ("generate", "generate", GENERATE, "TR_WORD_TWICE", "dict.tgt.txt", "s1"),
+           ("lm --labels", "train", [*LM_TRAIN, "--labels", "labels"], "LM_LABELS_WORD_TWICE", "labels/dict.txt",
+            "x"))},
+    "lm: dict.txt with a line without its count": lm(
+        data="{LM_NO_COUNT}", message="ValueError: Incorrect dictionary format, expected '<token> <cnt> [flags]'"),
+    "lm: dict.txt cut short": lm(data="{LM_SHORT_DICT}", message="{LM_SHORT_DICT}/train.bin holds token 15, and "
+                                                                 "{LM_SHORT_DICT}/dict.txt has 6 symbols"),
+    "eval-lm: test.idx not an index": Case(
+        "eval_lm", ["{LM_NOT_AN_INDEX}", *EVAL_LM[1:]],
+        "AssertionError: Index file doesn't match expected format. Make sure that --dataset-impl is configured "
+        "properly. (in fairseq.data.indexed_dataset; reading {LM_NOT_AN_INDEX}/test.idx"),
+    "eval-lm --path: a file of torch.save without a model": Case(
+        "eval_lm", [*EVAL_LM[:-3], "--path", "{NO_MODEL}", "--cpu"],
+        "{NO_MODEL} holds no model's parameters, so it is not a checkpoint that fairseq-train wrote"),
+    "interactive --input: not UTF-8 (as it reads)": Case(
+        "interactive", [*GENERATE, "--input", "{NOT_UTF8}"],
+        "UnicodeDecodeError: 'utf-8' codec can't decode byte 0xff in position 0: invalid start byte (in "
+        "fairseq_cli.interactive; check --input {NOT_UTF8}; reading {NOT_UTF8}"),
+    # 4. a check of fairseq's that fires inside the run, at each moment of it
+    "generate --beam 2 --sampling (as it starts)": Case(
+        "generate", [*GENERATE, "--beam", "2", "--sampling"],
+        "AssertionError: --sampling requires --nbest to be equal to --beam (in fairseq_cli.generate; check --beam 2, "
+        "--sampling; for the whole traceback, rerun with FAIRSEQ_FEEDBACK_TRACEBACK=1)"),
+    "generate --beam 2 --sampling (cold)": Case("generate", [*GENERATE, "--beam", "2", "--sampling"],
+                                                "AssertionError: --sampling requires --nbest", cold=True),
+    "interactive --batch-size above --buffer-size (as it starts)": Case(
+        "interactive", [*GENERATE, "--batch-size", "4", "--buffer-size", "2"],
+        "AssertionError: --batch-size cannot be larger than --buffer-size (in fairseq_cli.interactive; check "
+        "--batch-size 4, --buffer-size 2", stdin="s1 s2\n"),
+    "generate --sampling-topk without --sampling (building the search)": Case(
+        "generate", [*GENERATE, "--sampling-topk", "3"],
+        "AssertionError: --sampling-topk requires --sampling (in fairseq.tasks.fairseq_task; check --sampling-topk 3"),
+    "translation --lr of two with inverse_sqrt (building the trainer)": tr(
+        "--lr", "1e-3,1e-4", "--lr-scheduler", "inverse_sqrt",
+        message="ValueError: Cannot use a fixed learning rate schedule with inverse_sqrt. Consider "
+                "--lr-scheduler=fixed instead. (in fairseq.optim.lr_scheduler.inverse_square_root_schedule; check "
+                "--lr-scheduler inverse_sqrt; for the whole traceback"),
+    "lm --criterion adaptive_loss (building the criterion)": lm(
+        "--criterion", "adaptive_loss", message="Exception: AdaptiveLoss is not compatible with the PyTorch version "
+                                                "of DistributedDataParallel. Please use `--ddp-backend=legacy_ddp` "
+                                                "instead. (in fairseq.criterions.adaptive_loss; for the whole traceback"),
+    # fairseq's trainer saves crash.pt in --save-dir as the update fails: the folder goes all the same
+    "lm --criterion legacy_masked_lm_loss (the first batch)": lm(
+        "--criterion", "legacy_masked_lm_loss", message="KeyError: 'lm_target' (in fairseq.criterions.legacy_masked_lm"),
+    "generate --print-alignment (the first batch)": Case("generate", [*GENERATE, "--print-alignment"],
+                                                         "(in fairseq.sequence_generator; "),
+    "lm --best-checkpoint-metric nosuch (validation mid-epoch)": lm(
+        "--max-update", "3", "--validate-interval-updates", "1", "--best-checkpoint-metric", "nosuch",
+        message="KeyError: 'nosuch' (in fairseq_cli.train; check --best-checkpoint-metric nosuch"),
+    "translation --best-checkpoint-metric bleu (validation at the end)": tr(
+        "--best-checkpoint-metric", "bleu", "--maximize-best-checkpoint-metric",
+        message="KeyError: 'bleu' (in fairseq_cli.train; check --best-checkpoint-metric bleu"),
 }
 
 
@@ -425,6 +560,19 @@ def files(tmp_path_factory):
     f["TEXT_FILE"].write_text("not a checkpoint\n")
     f["EVIL"], f["RAN"] = root / "evil.pt", root / "a checkpoint ran its code"
     torch.save({"model": {}, "payload": RunsCode(f["RAN"])}, f["EVIL"])
+    for name, data, file, malformed in (
+            ("LM_WORD_TWICE", "LM", "dict.txt", lambda text: text + text.split()[0] + " 1\n"),
+            ("TR_WORD_TWICE", "TR", "dict.tgt.txt", lambda text: text + text.split()[0] + " 1\n"),
+            ("LM_LABELS_WORD_TWICE", "LM", "labels/dict.txt", lambda text: text + text.split()[0] + " 1\n"),
+            ("LM_NO_COUNT", "LM", "dict.txt", lambda text: text.replace(" ", "\n", 1)),
+            ("LM_SHORT_DICT", "LM", "dict.txt", lambda text: "".join(text.splitlines(True)[:2])),
+            ("LM_NOT_AN_INDEX", "LM", "test.idx", lambda text: "not an index\n")):
+        f[name] = root / name.lower()
+        shutil.copytree(f[data], f[name])
+        (f[name] / file).write_text(malformed((f[name] / file).read_text(errors="replace")))
+    f["NO_MODEL"], f["NOT_UTF8"] = root / "no_model.pt", root / "not_utf8.txt"
+    torch.save({"cfg": {}}, f["NO_MODEL"])
+    f["NOT_UTF8"].write_bytes(b"\xff\xfe s1\n")
     for name, data, cut in (("LM_CUT", "LM", ("test.bin", "train.idx")), ("TR_CUT", "TR", ("test.src-tgt.src.bin",))):
         f[name] = root / name.lower()
         shutil.copytree(f[data], f[name])
@@ -511,3 +659,28 @@ def test_the_head_dim_advice_works_for_the_language_model():
     model, _ = tiny_lm("--decoder-attention-heads", "3", "--head-dim", "8")
     tokens = torch.randint(4, 24, (2, 7))
     assert model(tokens)[0].shape == (2, 7, 24)
+
+
+# ---------------------------------------------------------------------- what fairseq raises, whole
+
+
+def test_the_whole_traceback_is_one_variable_away(files, monkeypatch):
+    """FAIRSEQ_FEEDBACK_TRACEBACK, which the line of fairseq's exception names, gives its traceback back."""
+    monkeypatch.setenv("FAIRSEQ_FEEDBACK_TRACEBACK", "1")
+    with pytest.raises(AssertionError, match="--sampling requires --nbest to be equal to --beam"):
+        in_process("generate", [a.format(**files) for a in GENERATE] + ["--beam", "2", "--sampling"])
+
+
+def test_a_failed_generate_removes_the_results_file_it_wrote_and_only_that(files, tmp_path):
+    """In a --results-path that was there before: the file fairseq-generate opened for a run that failed
+    at its first batch goes; one it never opened (a run refused before) stays as it was."""
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "notes.txt").write_text("mine\n")
+    argv = [a.format(**files) for a in GENERATE] + ["--results-path", results]
+    failed = in_process("generate", [*argv, "--print-alignment"])
+    assert failed.returncode != 0 and "Traceback" not in failed.stderr, failed.stderr[-3000:]
+    assert sorted(os.listdir(results)) == ["notes.txt"]
+    (results / "generate-test.txt").write_text("an earlier run's\n")
+    assert in_process("generate", [*argv, "--beam", "0"]).returncode != 0
+    assert (results / "generate-test.txt").read_text() == "an earlier run's\n"

@@ -1,10 +1,14 @@
 """Faults lose nothing: checkpoints are complete or absent, a truncated
 checkpoint_last.pt is passed over, a resumed run equals an uninterrupted one,
-the streaming LM refuses to resume in another layout; and the one-line errors
-stay inside the command-line tools."""
+the streaming LM refuses to resume in another layout; the one-line errors
+stay inside the command-line tools; and whose exception it is (fairseq's, in
+one line; this plugin's, with its traceback) is told where it was raised,
+in a rank that fairseq spawned or a DataLoader worker too."""
 
+import functools
 import os
 import shutil
+import socket
 import subprocess
 import sys
 
@@ -13,6 +17,10 @@ import torch
 from helpers import (ENV, LM_MODEL, PLUGIN, TRANSLATION_MODEL, error_lines, last_number, preprocess_lm,
                      preprocess_translation, run, train_on_two_workers, write_lm_corpus)
 
+from fairseq.data import Dictionary
+
+from fairseq_feedback.fairseq_fixes.one_line import one_line
+from fairseq_feedback.tasks.splits import monolingual_split
 from fairseq_feedback_cli.data_prep.synthetic_translation import write_corpus
 
 # SGD and no dropout: parameters of two runs on the same batches are equal, not
@@ -490,3 +498,99 @@ def test_fairseq_tools_still_print_the_plugins_errors_as_one_line(tmp_path, how)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert error_lines(proc) == ["error: --memory-span must be at least 1, got 0"]
     assert proc.stderr.splitlines() == ["error: --memory-span must be at least 1, got 0"], proc.stderr
+
+
+# ------------------------------------------------------------ whose exception
+
+
+A_DEFECT_OF_OURS = """
+import math
+import sys
+
+sys.argv = ["fairseq-train", *sys.argv[1:]]  # a fairseq tool: the plugin applies its fixes as it is imported
+from fairseq_cli.train import cli_main
+from fairseq_feedback.tasks import feedback_language_modeling
+
+# this plugin's task fails in its own code, as with a defect: math.sqrt is C, a call with no frame of its own
+feedback_language_modeling.SplitStream = math.sqrt
+cli_main()
+"""
+
+
+def test_a_defect_in_this_plugin_still_shows_its_traceback(lm_data, tmp_path):
+    (tmp_path / "defect.py").write_text(A_DEFECT_OF_OURS)
+    proc = subprocess.run([sys.executable, tmp_path / "defect.py", lm_data, *map(str, LM_TRAIN), "--batch-size", "4",
+                           "--max-update", "1", "--save-dir", tmp_path / "out", "--user-dir", PLUGIN],
+                          env=ENV, capture_output=True, text=True)
+    assert proc.returncode == 1 and "Traceback" in proc.stderr, proc.stderr[-3000:]
+    assert "fairseq_feedback/tasks/feedback_language_modeling.py" in proc.stderr
+    assert proc.stderr.splitlines()[-1] == "TypeError: math.sqrt() takes exactly one argument (3 given)"
+    assert not (tmp_path / "out").exists()  # the plugin's fixes ran: the --save-dir the run created went
+
+
+SPAWNED = """
+import sys
+
+import torch
+
+if __name__ == "__main__":
+    torch.cuda.device_count = lambda: 1  # fairseq spawns a rank per GPU it counts: here one, on the CPU
+    from fairseq_cli.train import cli_main
+
+    sys.argv = ["fairseq-train", *sys.argv[1:]]
+    cli_main()
+"""
+
+
+def test_fairseqs_exception_in_a_rank_it_spawned_is_one_line(lm_data, tmp_path):
+    """torch.multiprocessing.spawn gives the parent the rank's traceback as text: the line is the rank's
+    exception, as fairseq raised it there (building its trainer)."""
+    (tmp_path / "spawned.py").write_text(SPAWNED)
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    proc = subprocess.run([sys.executable, tmp_path / "spawned.py", lm_data, *map(str, LM_TRAIN), "--batch-size", "4",
+                           "--lr", "0.5,0.1", "--lr-scheduler", "inverse_sqrt", "--distributed-world-size", "1",
+                           "--distributed-init-method", f"tcp://127.0.0.1:{port}", "--distributed-backend", "gloo",
+                           "--save-dir", tmp_path / "out", "--user-dir", PLUGIN],
+                          env=ENV, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert [line for line in proc.stderr.splitlines() if "error:" in line] == [  # the rank logs to stderr
+        "error: ValueError: Cannot use a fixed learning rate schedule with inverse_sqrt. Consider --lr-scheduler=fixed "
+        "instead. (in fairseq.optim.lr_scheduler.inverse_square_root_schedule; check --lr-scheduler inverse_sqrt; "
+        "for the whole traceback, rerun with FAIRSEQ_FEEDBACK_TRACEBACK=1)"]
+    assert not (tmp_path / "out").exists()
+
+
+def raised_in_a_dataloader_worker(function, item):
+    """What the DataLoader re-raises once `function(item)` failed in its worker process."""
+    loader = torch.utils.data.DataLoader([item], batch_size=None, num_workers=1, collate_fn=function)
+    with pytest.raises(Exception) as raised:
+        next(iter(loader))
+    return raised.value
+
+
+def test_what_a_dataloader_worker_raised_is_judged_where_it_was_raised(tmp_path):
+    """torch re-raises it in the main process with the worker's traceback as text: fairseq's (a dictionary
+    read there) is one line; this plugin's FeedbackUsageError its message; a defect of ours, its traceback."""
+    (tmp_path / "dict.txt").write_text("a 1\na 1\n")
+    fairseqs = one_line(raised_in_a_dataloader_worker(Dictionary.load, str(tmp_path / "dict.txt")))
+    assert fairseqs.startswith("RuntimeError: Duplicate word found when loading Dictionary: 'a'. ")
+    assert fairseqs.endswith("(in fairseq.data.dictionary; for the whole traceback, rerun with "
+                             "FAIRSEQ_FEEDBACK_TRACEBACK=1)")
+    assert one_line(raised_in_a_dataloader_worker(functools.partial(monolingual_split, str(tmp_path)), "nosuch")) \
+        == f"split 'nosuch' not found in {tmp_path}: expected nosuch.bin and nosuch.idx from fairseq-preprocess " \
+           "--only-source"
+    assert one_line(raised_in_a_dataloader_worker(functools.partial(monolingual_split, None), "nosuch")) is None
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="fairseq spawns a rank per GPU")
+def test_spawning_ranks_on_a_machine_without_gpus_is_refused(lm_data, tmp_path):
+    """fairseq would spawn none, and end with exit status 0, having trained nothing."""
+    proc = run("train", lm_data, *LM_TRAIN, "--batch-size", 4, "--distributed-world-size", 2,
+               "--distributed-init-method", "tcp://127.0.0.1:1", "--save-dir", tmp_path / "out", check=False)
+    assert proc.returncode == 1 and error_lines(proc) == [
+        "error: fairseq starts one process per GPU for --distributed-init-method, and torch sees none: on CPUs, start "
+        "one process per rank with --distributed-no-spawn --distributed-rank R (and --cpu --distributed-backend "
+        "gloo)"]
+    assert not (tmp_path / "out").exists()

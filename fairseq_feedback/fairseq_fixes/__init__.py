@@ -8,7 +8,9 @@ of it.
     command_line.py   a tool's whole command line, checked before the tool creates anything
     checkpoints.py    checkpoints written whole or not at all, a truncated one passed over, a
                       refused one named in one line
-    one_line.py       the one line that names the fix of a mistake, instead of a traceback
+    one_line.py       the one line that ends a tool on a mistake, instead of a traceback
+    origin.py         whose exception it is: fairseq's (one line) or this plugin's (a defect:
+                      its traceback), read where it was raised
 """
 
 from .patches import apply, apply_on_import

@@ -32,6 +32,7 @@ import re
 import shutil
 import types
 import zipfile
+from argparse import Namespace
 
 import torch
 from fairseq.file_io import PathManager
@@ -146,12 +147,16 @@ def loaded_in_one_line(load_checkpoint_to_cpu):
 
 def recorded_configuration(path: str):
     """The options a complete checkpoint was trained with, as .model and
-    .task (each a dict, or fairseq's argparse Namespace of every option), read
-    without loading its tensors; None for a checkpoint that records none."""
+    .task (each a dict, or fairseq's argparse Namespace of every option), and
+    the names of all it records (.names), read without loading its tensors;
+    None for a checkpoint that records none."""
     check_complete(path)
     with refused_in_one_line(path), fairseq_checkpoints_allowed():
         # mmap: the tensors stay on disk; torch's format from before 1.6 cannot be mapped
         state = torch.load(path, map_location="cpu", mmap=is_complete(path), weights_only=True)
+    if not isinstance(state, dict) or "model" not in state:  # fairseq's loaders fail on a KeyError
+        raise FeedbackUsageError(f"{path} holds no model's parameters, so it is not a checkpoint that fairseq-train "
+                                 "wrote: check the path")
     return configuration(state)
 
 
@@ -160,7 +165,18 @@ def configuration(state: dict):
     cfg = state.get("cfg") or {}
     args = state.get("args")  # checkpoints of fairseq before its dataclass configuration
     model, task = cfg.get("model", args), cfg.get("task", args)
-    return None if model is None or task is None else types.SimpleNamespace(model=model, task=task)
+    if model is None or task is None:
+        return None
+    names = frozenset(cfg).union(*map(_option_names, [args] if args is not None else cfg.values()))
+    return types.SimpleNamespace(model=model, task=task, names=names)
+
+
+def _option_names(section) -> set:
+    """The names in a section of a configuration: a dict, or the Namespace of a model of fairseq's
+    argparse kind (none in a value)."""
+    if isinstance(section, Namespace):
+        return set(vars(section))
+    return set(section) if hasattr(section, "keys") else set()
 
 
 def checkpoint_to_resume(save_dir: str, suffix: str = ""):

@@ -11,19 +11,25 @@ hydra-train), check_generate for fairseq-generate. In this order:
 - the model with the task, both as classes (the model is None unless the
   tool trains one, which it builds from the command line);
 - the streaming task's options: blocks, batches of streams, labels;
-- fairseq's own options at values they cannot take (sizes of zero or
-  less, probabilities outside [0, 1)): the model's, the batches',
-  generation's; and half precision, which fairseq computes on a GPU (or
-  a TPU) only;
+- fairseq's own options at values that mean nothing (sizes of zero or
+  less, probabilities outside [0, 1), rates of zero): the model's, the
+  batches', the training loop's, the optimizer's, the scheduler's, the
+  criterion's, generation's; those that go together (--nbest and --beam);
+  those given as Python literals (--adam-betas, --model-overrides); ranks
+  that fairseq would spawn on no GPU; and half precision, which fairseq
+  computes on a GPU (or a TPU) only;
 - the decoder's options (models/feedback_config.py, beside their
   definitions);
 - the data: the directories, a translation task's language pair, the
-  splits the tool reads (present, not empty, not cut short);
+  dictionaries (read by fairseq, whose checks of their format so come
+  first), the splits the tool reads (present, not empty, not cut short, of
+  no token beyond their dictionary);
 - the checkpoints named on the command line (present, and complete) and
   the one training continues from, against what they were trained with
   (read from the checkpoint): training continues a model with the options
   it was trained with, and the objective (--labels); a model trained to
-  predict labels is not scored or sampled as a language model.
+  predict labels is not scored or sampled as a language model; and what
+  --model-overrides changes of it.
 
 Every tool also checks a split as fairseq loads it (check_binarized), and
 the models and tasks check their pairing as they are built
@@ -31,10 +37,12 @@ the models and tasks check their pairing as they are built
 """
 
 import argparse
+import ast
 import functools
 import importlib.util
 import os
 import struct
+import types
 
 import numpy as np
 import torch
@@ -45,6 +53,7 @@ from fairseq.models import MODEL_REGISTRY
 from fairseq.tasks import TASK_REGISTRY
 from fairseq.tasks.language_modeling import LanguageModelingTask
 from fairseq.tasks.translation import TranslationTask
+from omegaconf import ListConfig
 
 from ..errors import FeedbackUsageError
 from ..models import FeedbackLanguageModel
@@ -60,7 +69,7 @@ from .checkpoints import checkpoint_to_resume, recorded_configuration
 def check_tool(cfg, tool: str) -> None:
     """`tool`: the name of its module in fairseq_cli (train, eval_lm, ...)."""
     model = model_class(cfg.get("model"))  # only training builds a model from the command line
-    _check(cfg, model, training_splits(cfg) if model is not None else [], tool)
+    _check(cfg, model, training_splits(cfg) if model is not None else scored_splits(cfg, tool), tool)
 
 
 def check_generate(cfg) -> None:
@@ -139,13 +148,15 @@ def check_labels(cfg, training: bool) -> None:
         if args.ignore_label != "_":
             raise FeedbackUsageError("--ignore-label is a label of --labels: add --labels, or drop --ignore-label")
         return
-    labels = Dictionary.load(labels_dictionary(args.data, args.labels))
+    path = labels_dictionary(args.data, args.labels)
+    labels = Dictionary.load(path)
     if args.ignore_label != "_" and args.ignore_label not in labels:  # labels may need no `_`: all scored
         raise FeedbackUsageError(f"--ignore-label {args.ignore_label!r} is not a label of {args.labels} (its "
                                  "dict.txt): pass the label that marks positions without a target")
     if training:
-        for path, split in training_splits(cfg):
-            check_monolingual_split(os.path.join(path, args.labels), split, cfg.dataset.dataset_impl)
+        for data, split in training_splits(cfg):
+            check_monolingual_split(os.path.join(data, args.labels), split, cfg.dataset.dataset_impl,
+                                    (path, len(labels)))
 
 
 def _flag(name) -> str:
@@ -154,14 +165,27 @@ def _flag(name) -> str:
 
 # --- fairseq's own options -----------------------------------------------------------------------
 
-# The values each of fairseq's numeric options can work with. Options a
-# configuration does not have (the encoder's, for a language model; the
-# model's, for a tool that reads it from a checkpoint) or leaves unset are
-# skipped.
+# The values each of fairseq's numeric options can work with: fairseq takes the others silently
+# (a --label-smoothing of 1.5, a negative --lr or --weight-decay train without a word) or fails
+# where it uses them (--update-freq 0: ZeroDivisionError at the first epoch). Options a
+# configuration does not have (the encoder's, for a language model; the model's, for a tool that
+# reads it from a checkpoint; the optimizer's, the scheduler's and the criterion's but those
+# chosen) or leaves unset are skipped; an option of several values (--lr, --update-freq) is
+# checked value by value.
 AT_LEAST_1 = (lambda v: v >= 1, "at least 1")
 AT_LEAST_0 = (lambda v: v >= 0, "at least 0")
 ABOVE_0 = (lambda v: v > 0, "greater than 0")
 PROBABILITY = (lambda v: 0 <= v < 1, "in [0, 1)")  # dropout of 1 would zero every activation
+FRACTION = (lambda v: 0 < v <= 1, "in (0, 1]")
+SEED = (lambda v: 0 <= v < 2 ** 32, "in [0, 2**32)")  # numpy's seeds
+
+
+def or_off(valid_bound):
+    """A range, or -1: fairseq's value for "not used"."""
+    valid, bound = valid_bound
+    return lambda v: v == -1 or valid(v), f"{bound} (or -1: off)"
+
+
 MODEL_RANGES = {
     **dict.fromkeys(("max_source_positions", "max_target_positions", "decoder_layers", "decoder_embed_dim",
                      "decoder_input_dim", "decoder_output_dim", "decoder_ffn_embed_dim", "decoder_attention_heads",
@@ -172,39 +196,149 @@ MODEL_RANGES = {
     **dict.fromkeys(("dropout", "attention_dropout", "activation_dropout", "relu_dropout", "adaptive_softmax_dropout",
                      "encoder_layerdrop", "decoder_layerdrop", "quant_noise_pq", "quant_noise_scalar"), PROBABILITY),
 }
-DATASET_RANGES = {
-    **dict.fromkeys(("batch_size", "batch_size_valid", "max_tokens", "max_tokens_valid",
-                     "required_batch_size_multiple"), AT_LEAST_1),
-    "num_workers": AT_LEAST_0,
-}
-GENERATION_RANGES = {
-    **dict.fromkeys(("beam", "nbest"), AT_LEAST_1),
-    **dict.fromkeys(("max_len_a", "max_len_b", "min_len", "no_repeat_ngram_size", "prefix_size"), AT_LEAST_0),
+# fairseq's options but the model's, in every section of the configuration that has them
+OPTION_RANGES = {
+    # batches and data
+    **dict.fromkeys(("batch_size", "batch_size_valid", "max_tokens", "max_tokens_valid", "required_batch_size_multiple",
+                     "required_seq_len_multiple", "num_shards", "max_valid_steps"), AT_LEAST_1),
+    **dict.fromkeys(("num_workers", "data_buffer_size", "shard_id", "curriculum"), AT_LEAST_0),
+    # the training loop: its length, updates, validations, checkpoints and logs
+    **dict.fromkeys(("update_freq", "validate_interval", "save_interval", "log_interval", "checkpoint_shard_count",
+                     "fp16_scale_window", "amp_scale_window", "all_gather_list_size"), AT_LEAST_1),
+    **dict.fromkeys(("max_epoch", "max_update", "stop_time_hours", "clip_norm", "validate_interval_updates",
+                     "validate_after_updates", "save_interval_updates", "empty_cache_freq", "amp_batch_retries"),
+                    AT_LEAST_0),
+    **dict.fromkeys(("fp16_init_scale", "amp_init_scale", "min_loss_scale", "threshold_loss_scale"), ABOVE_0),
+    "fp16_scale_tolerance": (lambda v: 0 <= v <= 1, "in [0, 1]"),
+    "seed": SEED,
+    # several workers
+    **dict.fromkeys(("distributed_world_size", "nprocs_per_node", "model_parallel_size", "bucket_cap_mb",
+                     "localsgd_frequency"), AT_LEAST_1),
+    # the optimizer
+    **dict.fromkeys(("lr", "adam_eps", "adamax_eps"), ABOVE_0),  # --lr 0 trains nothing; an eps of 0 divides by 0
+    "weight_decay": AT_LEAST_0,
+    **dict.fromkeys(("momentum", "beta1"), PROBABILITY),
+    "clip_threshold": ABOVE_0,
+    # the learning-rate scheduler
+    **dict.fromkeys(("warmup_updates", "end_learning_rate", "min_lr", "lr_patience", "warmup_steps", "hold_steps",
+                     "decay_steps"), AT_LEAST_0),
+    **dict.fromkeys(("power", "t_mult", "init_lr_scale", "final_lr_scale"), ABOVE_0),
+    **dict.fromkeys(("lr_shrink", "lr_decay"), FRACTION),
+    **dict.fromkeys(("total_num_update", "lr_deacy_period"), AT_LEAST_1),  # sic: fairseq's step scheduler
+    "warmup_init_lr": or_off(AT_LEAST_0),
+    "lr_period_updates": or_off(ABOVE_0),
+    # the criterion
+    "label_smoothing": PROBABILITY,  # 1 would make every target uniform
+    "ignore_prefix_size": AT_LEAST_0,
+    # generation and scoring
+    **dict.fromkeys(("beam", "nbest", "softmax_batch"), AT_LEAST_1),
+    **dict.fromkeys(("max_len_a", "max_len_b", "min_len", "no_repeat_ngram_size", "prefix_size", "context_window",
+                     "iter_decode_max_iter", "buffer_size"), AT_LEAST_0),
     "temperature": ABOVE_0,
+    "sampling_topk": or_off(AT_LEAST_1),
+    "sampling_topp": or_off(FRACTION),
+    "diverse_beam_groups": or_off(AT_LEAST_1),
+}
+# the sections of fairseq's configuration that OPTION_RANGES covers (the model's and the task's are
+# checked with the model and the task)
+SECTIONS = ("common", "distributed_training", "dataset", "optimization", "checkpoint", "generation", "eval_lm",
+            "interactive", "optimizer", "lr_scheduler", "criterion")
+# options whose range depends on the component that reads them: (section, its _name): ranges
+COMPONENT_RANGES = {
+    ("lr_scheduler", "inverse_sqrt"): {
+        "warmup_updates": (lambda v: v >= 1, "at least 1 with --lr-scheduler inverse_sqrt, which divides by it")},
 }
 
 
 def check_model_options(model_cfg, model) -> None:
     """The options of a model trained (or built from options): fairseq's, then the decoder's."""
     check_ranges(model_cfg, MODEL_RANGES)
+    check_layers_to_keep(model_cfg)
     if issubclass(model, PluginModel):
         check_feedback_args(model_cfg)
 
 
+def check_layers_to_keep(model_cfg) -> None:
+    """--encoder-layers-to-keep and --decoder-layers-to-keep: numbers of layers of the model, each once.
+    fairseq builds as many layers as the list has items, whatever they are ('x' trained one layer)."""
+    for side in ("encoder", "decoder"):
+        given = _option(model_cfg, f"{side}_layers_to_keep", None)
+        if not given:
+            continue
+        layers = _number(_option(model_cfg, f"{side}_layers", None))
+        keep = [number.strip() for number in str(given).split(",")]
+        if not all(number.isdigit() for number in keep) or len(set(keep)) < len(keep) \
+                or (layers is not None and max(map(int, keep)) >= layers):
+            raise FeedbackUsageError(f"--{side}-layers-to-keep must be numbers of layers below --{side}-layers "
+                                     f"{layers}, each once, as '0,2', got {given!r}")
+
+
 def check_fairseq_options(cfg) -> None:
-    """The batches' options, and generation's."""
-    for options, ranges in ((cfg.get("dataset"), DATASET_RANGES), (cfg.get("generation"), GENERATION_RANGES)):
+    """The options of fairseq's sections, by their ranges, and those that go together."""
+    for name in SECTIONS:
+        options = cfg.get(name)
         if options is not None:
-            check_ranges(options, ranges)
+            check_ranges(options, OPTION_RANGES)
+            check_ranges(options, COMPONENT_RANGES.get((name, _option(options, "_name", None)), {}))
+    check_structured_options(cfg)
     dataset, task = cfg.get("dataset"), cfg.get("task")
     if dataset is not None and (getattr(task, "num_batch_buckets", None) or 0) > 0 \
             and getattr(dataset, "max_tokens", None) is None:
         # fairseq asserts it deep in its batching (FairseqDataset.adjust_bsz)
         raise FeedbackUsageError("--num-batch-buckets batches by tokens: add --max-tokens")
+    if dataset is not None and dataset.shard_id >= dataset.num_shards:
+        raise FeedbackUsageError(f"--shard-id {dataset.shard_id} is not below --num-shards {dataset.num_shards}: "
+                                 "shards count from 0")
     generation = cfg.get("generation")
     if generation is not None and generation.max_len_a == 0 and generation.max_len_b < generation.min_len:
         raise FeedbackUsageError(f"--max-len-b {generation.max_len_b} is below --min-len {generation.min_len}: "
                                  "no output could be that long; raise --max-len-b (or --max-len-a)")
+    if generation is not None and generation.nbest > generation.beam:
+        raise FeedbackUsageError(f"--nbest {generation.nbest} is more than --beam {generation.beam}: a search keeps "
+                                 "--beam hypotheses; raise --beam, or lower --nbest")
+    check_spawned_ranks(cfg)
+
+
+def check_structured_options(cfg) -> None:
+    """Options given as Python literals, which fairseq evaluates where it uses them (an optimizer's betas
+    at its first step): of the shape and types they must have."""
+    optimizer = cfg.get("optimizer") or {}
+    for name in ("adam_betas", "adamax_betas", "lamb_betas"):
+        given = _option(optimizer, name, None)
+        betas = _literal(given)
+        if isinstance(given, str) and not (isinstance(betas, (tuple, list)) and len(betas) == 2 and all(
+                _number(beta) is not None and PROBABILITY[0](beta) for beta in betas)):
+            raise FeedbackUsageError(f"{_flag(name)} must be two numbers in [0, 1), as '(0.9, 0.98)', got {given!r}")
+    given = _option(cfg.get("common_eval") or {}, "model_overrides", None)
+    overrides = model_overrides(given)
+    if given is not None and not (isinstance(overrides, dict) and all(isinstance(name, str) for name in overrides)):
+        raise FeedbackUsageError(f"--model-overrides must be a Python dict of option names and values, as "
+                                 f"\"{{'dropout': 0.1}}\", got {given!r}")
+
+
+def model_overrides(given):
+    """--model-overrides as fairseq evaluates it (None where it cannot: not a literal)."""
+    return _literal(given) if isinstance(given, str) else given
+
+
+def _literal(text):
+    """The Python literal a text holds (None if it holds none), as ast reads it without running it."""
+    try:
+        return ast.literal_eval(text) if isinstance(text, str) else None
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return None
+
+
+def check_spawned_ranks(cfg) -> None:
+    """fairseq starts one process per GPU for distributed training that it launches itself (without
+    --distributed-no-spawn): with none, it starts none and ends with exit status 0, having trained nothing."""
+    distributed = cfg.get("distributed_training")
+    if distributed is None or distributed.distributed_no_spawn or distributed.get("tpu") \
+            or distributed.distributed_init_method is None or torch.cuda.device_count() > 0:
+        return
+    raise FeedbackUsageError("fairseq starts one process per GPU for --distributed-init-method, and torch sees none: "
+                             "on CPUs, start one process per rank with --distributed-no-spawn --distributed-rank R "
+                             "(and --cpu --distributed-backend gloo)")
 
 
 # fairseq's half precision, as it names its options (first: those that imply another)
@@ -239,9 +373,10 @@ def check_precision(cfg, training: bool) -> None:
 
 def check_ranges(options, ranges) -> None:
     for name, (valid, bound) in ranges.items():
-        value = _number(getattr(options, name, None))
-        if value is not None and not valid(value):
-            raise FeedbackUsageError(f"--{name.replace('_', '-')} must be {bound}, got {value}")
+        given = getattr(options, name, None)
+        for value in map(_number, given if isinstance(given, (list, tuple, ListConfig)) else [given]):
+            if value is not None and not valid(value):
+                raise FeedbackUsageError(f"--{name.replace('_', '-')} must be {bound}, got {value}")
 
 
 def _number(value):
@@ -267,15 +402,17 @@ def check_data(cfg, task, reads, training=False) -> None:
             raise FeedbackUsageError(f"data directory {path} not found: pass the --destdir of fairseq-preprocess")
     impl = cfg.dataset.dataset_impl
     if issubclass(task, LanguageModelingTask):
+        dictionary = read_dictionary(os.path.join(paths[0], "dict.txt"))
         for path, split in reads:
-            check_monolingual_split(path, split, impl)
+            check_monolingual_split(path, split, impl, dictionary)
     elif issubclass(task, TranslationTask):
         src, tgt = language_pair(cfg.task)
         if src is None or tgt is None:
             raise FeedbackUsageError(f"no binarized data found in {paths[0]}: check the data directory, "
                                      "or pass --source-lang and --target-lang")
+        dictionaries = {lang: read_dictionary(os.path.join(paths[0], f"dict.{lang}.txt")) for lang in (src, tgt)}
         for path, split in reads:
-            _bilingual_split(path, split, src, tgt, impl)
+            _bilingual_split(path, split, src, tgt, impl, dictionaries)
         if training:  # the checkpoints record the direction the model learns (check_direction)
             cfg.task.source_lang, cfg.task.target_lang = src, tgt
 
@@ -291,25 +428,36 @@ def language_pair(task_cfg):
     return src, tgt
 
 
-def check_binarized(prefix: str) -> None:
+def check_binarized(prefix: str, dictionary=None) -> None:
     """A binarized split fairseq can read: with lines (a split of none is an
     empty .bin, as every line holds at least its end-of-sentence token, and
-    numpy cannot map an empty file), and not cut short (fairseq would read
-    past the end of a file, at some batch of some epoch)."""
+    numpy cannot map an empty file), not cut short (fairseq would read past
+    the end of a file, at some batch of some epoch) and, given its
+    `dictionary` (its path and its number of symbols), of no token beyond it
+    (binarized with another dictionary, or read with one cut short: the
+    model's embedding would fail at some batch)."""
     data, index = indexed_dataset.data_file_path(prefix), indexed_dataset.index_file_path(prefix)
     if os.path.isfile(data) and os.path.getsize(data) == 0:
         raise FeedbackUsageError(f"{data} holds no lines (fairseq-preprocess was given an empty file): "
                                  "binarize the split again from a file with text")
     if not (os.path.isfile(data) and os.path.isfile(index)):
         return
-    expected = _mmap_file_sizes(index)
-    if expected is None:  # another of fairseq's formats (--dataset-impl lazy or cached): fairseq checks it
+    layout = _mmap_layout(index)
+    if layout is None:  # another of fairseq's formats (--dataset-impl lazy or cached): fairseq checks it
         return
+    *expected, dtype = layout
     again = "binarize the split again with fairseq-preprocess"
     for path, size in zip((index, data), expected):
         if os.path.getsize(path) != size:
             raise FeedbackUsageError(f"{path} holds {os.path.getsize(path)} bytes where {os.path.basename(index)} "
                                      f"counts {size}: it was cut short (or is of another binarization); {again}")
+    if dictionary is not None and expected[1] > 0:
+        path, symbols = dictionary
+        largest = int(np.memmap(data, dtype=dtype, mode="r").max())  # one pass over the file, as numpy maps it
+        if largest >= symbols:
+            raise FeedbackUsageError(f"{data} holds token {largest}, and {path} has {symbols} symbols (with "
+                                     "fairseq's 4 special ones): the split was binarized with another dictionary; "
+                                     f"use the dictionary fairseq-preprocess wrote with it, or {again}")
 
 
 # the index of fairseq's mmap format: a magic, version (<Q), dtype code (<B) and lines (<Q), then each
@@ -317,9 +465,9 @@ def check_binarized(prefix: str) -> None:
 MMAP_HEADER = struct.Struct("<9sQBQ")
 
 
-def _mmap_file_sizes(index: str):
-    """(index bytes, data bytes) that an index in fairseq's mmap format
-    counts, or None for an index in another format."""
+def _mmap_layout(index: str):
+    """(index bytes, data bytes, dtype of the tokens) that an index in
+    fairseq's mmap format counts, or None for an index in another format."""
     magic = indexed_dataset.MMapIndexedDataset.Index._HDR_MAGIC
     cut_short = FeedbackUsageError(f"{index} is cut short: binarize the split again with fairseq-preprocess")
     with open(index, "rb") as f:
@@ -331,38 +479,55 @@ def _mmap_file_sizes(index: str):
         if len(header) < MMAP_HEADER.size:
             raise cut_short
         _, _, code, lines = MMAP_HEADER.unpack(header)
+        dtype = np.dtype(indexed_dataset._code_to_dtype[code])
         index_bytes = MMAP_HEADER.size + 12 * lines
         if lines == 0:
-            return index_bytes, 0
+            return index_bytes, 0, dtype
         if os.path.getsize(index) < index_bytes:
             raise cut_short
         f.seek(MMAP_HEADER.size + 4 * (lines - 1))  # the last line's size, then its offset
         (size,) = struct.unpack("<i", f.read(4))
         f.seek(MMAP_HEADER.size + 4 * lines + 8 * (lines - 1))
         (offset,) = struct.unpack("<q", f.read(8))
-    return index_bytes, offset + size * np.dtype(indexed_dataset._code_to_dtype[code]).itemsize
+    return index_bytes, offset + size * dtype.itemsize, dtype
 
 
-def check_split(prefix: str, impl, missing: str) -> None:
+def check_split(prefix: str, impl, missing: str, dictionary=None) -> None:
     """A split fairseq-preprocess wrote (PREFIX.bin and .idx), readable; `missing` says what to do without it."""
     if not indexed_dataset.dataset_exists(prefix, impl=impl):
         raise FeedbackUsageError(missing)
-    check_binarized(prefix)
+    check_binarized(prefix, dictionary)
 
 
-def check_monolingual_split(data: str, split: str, impl=None) -> None:
+def check_monolingual_split(data: str, split: str, impl=None, dictionary=None) -> None:
     """DATA/SPLIT (fairseq-preprocess --only-source), present and readable."""
-    check_binarized(monolingual_split(data, split, impl))
+    check_binarized(monolingual_split(data, split, impl), dictionary)
 
 
-def _bilingual_split(data: str, split: str, src: str, tgt: str, impl) -> None:
-    """DATA/SPLIT.SRC-TGT.{SRC,TGT} (or TGT-SRC), as fairseq's translation task reads it."""
+def _bilingual_split(data: str, split: str, src: str, tgt: str, impl, dictionaries) -> None:
+    """DATA/SPLIT.SRC-TGT.{SRC,TGT} (or TGT-SRC), as fairseq's translation task reads it; `dictionaries`
+    by language."""
     pair = next((p for p in (f"{src}-{tgt}", f"{tgt}-{src}")
                  if indexed_dataset.dataset_exists(os.path.join(data, f"{split}.{p}.{src}"), impl=impl)), None)
     expected = f"{split}.{src}-{tgt}.{src}.bin/.idx and {split}.{src}-{tgt}.{tgt}.bin/.idx"
     for lang in (src, tgt):
         check_split(os.path.join(data, f"{split}.{pair or f'{src}-{tgt}'}.{lang}"), impl,
-                    f"split '{split}' not found in {data}: expected {expected} from fairseq-preprocess")
+                    f"split '{split}' not found in {data}: expected {expected} from fairseq-preprocess",
+                    dictionaries[lang])
+
+
+def read_dictionary(path: str):
+    """(path, number of symbols) of a dictionary that the task will read, read by fairseq's
+    Dictionary.load, whose checks of its format (a word twice, a line without its count) so fail
+    before the tool creates anything."""
+    return path, len(Dictionary.load(path))
+
+
+def scored_splits(cfg, tool: str):
+    """(data directory, split) of what fairseq-eval-lm and fairseq-validate score (no other tool without
+    a model to train reads a split)."""
+    splits = {"eval_lm": [cfg.dataset.gen_subset], "validate": cfg.dataset.valid_subset.split(",")}.get(tool, [])
+    return [(utils.split_paths(cfg.task.data)[0], split) for split in splits]
 
 
 def training_splits(cfg):
@@ -496,6 +661,29 @@ def check_read_as_trained(cfg, checkpoint, tool) -> None:
                                  f"drop --labels {given}")
     if tool in ("generate", "interactive"):
         check_direction(cfg, recorded, checkpoint)
+    check_overrides(cfg, recorded, checkpoint)
+
+
+def check_overrides(cfg, recorded, checkpoint) -> None:
+    """--model-overrides names options the checkpoint records (fairseq ignores any other), at values
+    they can take, and changes no more of its model than training may when it continues (MAY_CHANGE):
+    fairseq would build another model and fail to load the parameters into it, or load them into a
+    model that computes something else."""
+    overrides = model_overrides(_option(cfg.get("common_eval") or {}, "model_overrides", None)) or {}
+    unknown = sorted(set(overrides) - recorded.names)
+    if unknown:
+        raise FeedbackUsageError(f"--model-overrides names {', '.join(unknown)}, which {checkpoint} does not record "
+                                 "(fairseq would ignore it): name options as its configuration does, as 'dropout'")
+    check_ranges(types.SimpleNamespace(**overrides), {**MODEL_RANGES, **OPTION_RANGES})
+    changed = [(name, _option(recorded.model, name), value) for name, value in overrides.items()
+               if name not in MAY_CHANGE]
+    changed = [(name, was, now) for name, was, now in changed if was is not _MISSING and not _same(was, now)]
+    if changed:
+        was = ", ".join(f"{name} {value}" for name, value, _ in changed)
+        now = ", ".join(f"{name} {value}" for name, _, value in changed)
+        raise FeedbackUsageError(f"--model-overrides changes the model {checkpoint} holds (trained with {was}; asked "
+                                 f"for {now}): drop those; what may change is what training may change when it "
+                                 "continues (the dropouts, --cuda-graphs, the positions)")
 
 
 def check_direction(cfg, recorded, checkpoint) -> None:

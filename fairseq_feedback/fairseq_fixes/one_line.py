@@ -1,20 +1,43 @@
-"""The one line that names the fix of a mistake a user can make.
+"""The one line that ends a fairseq tool run on a mistake, instead of a traceback.
 
 fairseq's tools let every exception escape with a traceback, even for a
-missing file. This plugin raises FeedbackUsageError for the mistakes it
-finds (bad options or data; the message says what to change), and
-one_line() gives the line to print instead of a traceback: for those, and
-for the few fairseq stops on itself with a message that names the fix or
-that one line can complete (a path that cannot be read or written; a
-checkpoint whose parameters do not fit the model). Any other exception
-keeps its traceback. fairseq's tools print it through the exception hook of
-patches.py; this project's tools through their main.
+missing file. one_line() gives the line to print instead, by one rule
+(docs/reliability.md, "One line for a mistake, a traceback for a defect"):
+
+- this plugin's FeedbackUsageError: its message, which says what to change;
+- a path the system refused, and the few exceptions of fairseq whose message
+  one line can complete (a sentence too long; a checkpoint whose parameters
+  do not fit the model): a line naming the fix;
+- any other exception raised in fairseq's code (fairseq, fairseq_cli,
+  omegaconf, hydra: origin.py tells), which checks and uses what the user
+  gave (options, files, checkpoints): its type and message in fairseq's own
+  words, where it was raised (the module, the options of the command line
+  that its message names or its failing statement reads, the file fairseq
+  was reading) and how to see the whole traceback
+  (FAIRSEQ_FEEDBACK_TRACEBACK=1);
+- None for an exception raised in this plugin's code (or in a program of
+  one's own): a defect, whose traceback must show.
+
+fairseq's tools print it through the exception hook of patches.py; this
+project's tools through their main. With FAIRSEQ_FEEDBACK_TRACEBACK set,
+every exception keeps its traceback.
 """
 
 import errno
+import os
 import re
+import shlex
+import sys
 
 from ..errors import FeedbackUsageError
+from . import origin
+
+# set (to anything but empty) to see every exception's traceback
+TRACEBACK = "FAIRSEQ_FEEDBACK_TRACEBACK"
+# how far from where fairseq raised to look for the options and the file it was using, in frames
+NEAR = 3
+# the most of fairseq's message that the line quotes (a state dict's mismatches run to pages)
+MESSAGE_CHARS = 600
 
 # what to do about a path the system refused, by the reason it gave
 PATH_FIXES = {
@@ -31,7 +54,22 @@ PATH_FIXES = {
 
 
 def one_line(exc: BaseException):
-    """The line naming the fix for a mistake a user can make, or None for any other exception."""
+    """The line that ends a tool on `exc`, or None where its traceback must show."""
+    if os.environ.get(TRACEBACK) or not isinstance(exc, Exception):  # Ctrl-C, exit: as Python shows them
+        return None
+    raised = origin.raised(exc)
+    if raised.carried:  # from a rank, or a DataLoader worker: as text
+        if raised.is_a(FeedbackUsageError):
+            return raised.message
+    else:
+        line = _named_mistake(exc)
+        if line is not None:
+            return line
+    return _in_fairseqs_words(raised)
+
+
+def _named_mistake(exc: Exception):
+    """The line for a mistake that this plugin names with its fix."""
     if isinstance(exc, FeedbackUsageError):
         return str(exc)
     if isinstance(exc, KeyboardInterrupt):  # Ctrl-C, or a kill (runs.py)
@@ -51,6 +89,66 @@ def one_line(exc: BaseException):
         return (f"the parameters of {unfit.group(1)} do not fit this model ({reason[:200]}): continue it with the "
                 "options and the data (dictionaries) it was trained with")
     return None
+
+
+def _in_fairseqs_words(raised):
+    """fairseq's exception as one line; None for one raised elsewhere."""
+    frame = origin.deciding_frame(raised.frames)
+    if not origin.in_fairseq(frame):
+        return None
+    words = "; ".join(line.strip() for line in raised.message.splitlines() if line.strip())
+    words = words or origin.statement(frame)  # a bare assert: its condition
+    if len(words) > MESSAGE_CHARS:
+        words = words[:MESSAGE_CHARS] + " ..."
+    where = "; ".join(_where(raised.frames, raised.message))
+    return f"{raised.type_name}: {words} ({where}; for the whole traceback, rerun with {TRACEBACK}=1)"
+
+
+def _where(frames, message):
+    """Where fairseq raised: its module (and, in omegaconf's or hydra's, the module of fairseq's that
+    called it), the options of the command line that its message names or the statement that failed
+    reads (or, if none, the statement that called it, up to NEAR frames out), and the file it was
+    reading."""
+    inner = origin.fairseq_frames(frames)  # innermost first
+    modules = [origin.module_name(frame) for frame in inner]
+    called_from = next((f", from {name}" for name in modules if name.startswith("fairseq")), "")
+    where = [f"in {modules[0]}" + ("" if modules[0].startswith("fairseq") else called_from)]
+    given = _given_options(sys.argv[1:])
+    named = {name for name in given if _in_words(message, name)}
+    for frame in inner[:NEAR]:  # where fairseq failed, else the frames just outside
+        in_code = {name for name in given if _in_code(origin.statement(frame), name)}
+        if in_code:
+            named |= in_code
+            break
+    if named:
+        where.append("check " + ", ".join(option for name, option in given.items() if name in named))
+    read = next((path for frame in inner[:NEAR] for path in origin.files_open(frame)), None)
+    if read is not None:
+        where.append(f"reading {read}")
+    return where
+
+
+def _given_options(argv) -> dict:
+    """{name as fairseq's configuration spells it: the option as given} for each --option of a command line."""
+    given = {}
+    for i, arg in enumerate(argv):
+        if arg.startswith("--") and len(arg) > 2:
+            flag, equals, value = arg.partition("=")
+            if not equals and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+                value = argv[i + 1]
+            given[flag[2:].replace("-", "_")] = shlex.join([flag, value]) if value else flag
+    return given
+
+
+def _in_words(message: str, name: str) -> bool:
+    """Whether fairseq's (or omegaconf's) message names an option: by its flag, or as a key of the configuration."""
+    flag = re.escape("--" + name.replace("_", "-"))
+    return re.search(rf"(?<![\w-]){flag}(?![\w-])|full_key: {name}\b", message) is not None
+
+
+def _in_code(statement: str, name: str) -> bool:
+    """Whether fairseq's code reads an option, from a configuration: cfg.generation.beam, self.args.lr."""
+    return re.search(rf"\w*(?:cfg|args)(?:\.\w+)*\.{name}\b", statement) is not None
 
 
 def _path_refused(exc: OSError) -> str:

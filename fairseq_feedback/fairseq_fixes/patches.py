@@ -37,9 +37,13 @@ everywhere, since fairseq's data classes fail without it in any program:
   issue 3903; one cut short). What the tool created for a run that then
   failed is removed if it holds nothing.
 - every mistake ends in a traceback, even a missing file (fairseq issues
-  974, 2831): the mistakes a user can fix print one line (one_line.py), and a
-  checkpoint that weights-only loading refuses is named in one line, without
-  torch's advice to turn the check off (checkpoints.py).
+  974, 2831): an exception that fairseq's code raised, and the mistakes this
+  plugin names, print one line (one_line.py; origin.py tells fairseq's from
+  ours, in a rank fairseq spawned too), and a checkpoint that weights-only
+  loading refuses is named in one line, without torch's advice to turn the
+  check off (checkpoints.py). What a run that failed created holds nothing
+  half-written: fairseq-generate's results file goes, and a --save-dir the
+  run created goes with fairseq's crash.pt unless it holds checkpoints.
 - fairseq prefetches batches in a daemon thread (BufferedIterator's
   BackgroundConsumer); one still making a batch when the tool ends is
   stopped by CPython inside a call to torch, which aborts the process
@@ -239,7 +243,8 @@ def _tool_checked_first(call_main):
     """distributed_utils.call_main(cfg, main), through which fairseq's tools
     run their main: the command line checked first; fairseq-train's
     --save-dir held for the run (runs.py), and removed if the run created it
-    and left it empty."""
+    and failed, with the crash.pt fairseq's trainer saves there when an
+    update fails, unless it holds checkpoints."""
 
     @functools.wraps(call_main)
     def checked(cfg, main, **kwargs):
@@ -247,7 +252,7 @@ def _tool_checked_first(call_main):
         check_tool(cfg, tool)
         save_dir = cfg.checkpoint.save_dir
         holds = tool in ("train", "hydra_train") and not cfg.checkpoint.no_save and is_rank_zero(cfg)
-        with sigterm_as_ctrl_c(), _removed_if_left_empty(save_dir), \
+        with sigterm_as_ctrl_c(), _nothing_half_written(save_dir, leftovers=[os.path.join(save_dir, "crash.pt")]), \
                 held(save_dir, "--save-dir") if holds else contextlib.nullcontext():
             return call_main(cfg, main, **kwargs)
 
@@ -269,7 +274,7 @@ def _generate_checked_first(main):
         if folder is None:
             with sigterm_as_ctrl_c():
                 return main(cfg)
-        with sigterm_as_ctrl_c(), _removed_if_left_empty(folder), held(folder, "--results-path"), \
+        with sigterm_as_ctrl_c(), _nothing_half_written(folder), held(folder, "--results-path"), \
                 results_moved_into_place(cfg) as staged:
             return main(staged)
 
@@ -277,14 +282,17 @@ def _generate_checked_first(main):
 
 
 @contextlib.contextmanager
-def _removed_if_left_empty(folder):
-    """A folder that the block creates is removed if the block fails and
-    leaves it empty."""
+def _nothing_half_written(folder, leftovers=()):
+    """A folder that the block creates is removed if the block fails, with
+    the `leftovers` of the failure written there, if that leaves it empty."""
     created = folder is not None and not os.path.exists(folder)
     try:
         yield
     except BaseException:
         if created and os.path.isdir(folder):
+            for path in leftovers:
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(path)
             with contextlib.suppress(OSError):  # not empty: what it holds was worth keeping
                 os.rmdir(folder)
         raise
