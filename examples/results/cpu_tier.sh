@@ -4,8 +4,8 @@
 #
 #     bash examples/results/cpu_tier.sh          # from the repository's root
 #
-# Reads data-bin/debian_de_en and data-bin/debian_docs (made by
-# fairseq_feedback_cli.data_prep.prepare_debian_de_en / prepare_debian_docs), generates the
+# Reads data-bin/debian_de_en, data-bin/debian_docs and data-bin/debian_docs_bytes (made by
+# fairseq_feedback_cli.data_prep.prepare_debian_de_en / prepare_debian_docs [--bytes]), generates the
 # toy tasks, trains, evaluates, and writes into $OUT (default
 # runs/cpu_tier): one folder per model (train.log, checkpoints, test output),
 # the learning curves (plots/*.png) and summary.md (the rows of the page).
@@ -20,6 +20,7 @@ set -euo pipefail
 OUT=${OUT:-runs/cpu_tier}
 DE_EN=${DE_EN:-data-bin/debian_de_en}
 DOCS=${DOCS:-data-bin/debian_docs}
+DOCS_BYTES=${DOCS_BYTES:-data-bin/debian_docs_bytes}
 JOBS=${JOBS:-2}                  # models trained at once, one thread each
 PLUGIN=${PLUGIN:-fairseq_feedback}
 SAVE_EVERY=${SAVE_EVERY:-100}
@@ -45,6 +46,19 @@ LM_TRAIN=${LM_TRAIN:-"--dropout 0.1 --optimizer adam --adam-betas (0.9,0.98) --w
     --lr 0.001 --lr-scheduler inverse_sqrt --warmup-updates 200 --warmup-init-lr 1e-07"}
 LM_STREAMS=${LM_STREAMS:-32}     # feedback models: streams x blocks of 64 tokens
 LM_BLOCKS=${LM_BLOCKS:-8}        # transformer_lm: blocks of 256 tokens (the same 2,048 tokens per update)
+
+# Figure 9: depth at constant parameters, on the manuals as bytes. DEPTH_BASE layers have the sizes
+# below; L layers have the same width and heads, and head dimension and FFN times DEPTH_BASE / L.
+DEPTH_UPDATES=${DEPTH_UPDATES:-600}
+DEPTH_VALID_EVERY=${DEPTH_VALID_EVERY:-100}  # a validation and a checkpoint kept: the points of equal wall time
+DEPTH_BASE=${DEPTH_BASE:-6}
+DEPTH_SIZES=${DEPTH_SIZES:-"--decoder-embed-dim 128 --decoder-attention-heads 4"}
+DEPTH_HEAD_DIM=${DEPTH_HEAD_DIM:-32}
+DEPTH_FFN=${DEPTH_FFN:-512}
+DEPTH_TRAIN=${DEPTH_TRAIN:-"--memory-span 256 --dropout 0 --optimizer adam --lr 0.0015 --lr-scheduler fixed
+    --warmup-updates 100 --clip-norm 1.0 --tokens-per-sample 128 --batch-size 32"}
+DEPTH_VALID=${DEPTH_VALID:-"--batch-size-valid 64 --max-valid-steps 10"}  # the first 11 blocks of 64 streams
+DEPTH_EVAL_STREAMS=${DEPTH_EVAL_STREAMS:-16}
 
 # Table 1: the algorithmic task with 3 variables (TOY_*), and the random walk at the demo's size (WALK_*).
 TOY_UPDATES=${TOY_UPDATES:-2000}
@@ -132,6 +146,31 @@ transformer_lm() {
     fi
 }
 
+# --- Figure 9: depth at constant parameters ----------------------------------------------------
+
+bits_per_byte() {  # bits_per_byte NAME CHECKPOINT SPLIT: fairseq-eval-lm's line into NAME.bpb beside the checkpoint
+    local out=${2%.pt}.$3
+    [ -f "$out.bpb" ] && return 0
+    fairseq-eval-lm "$DOCS_BYTES" --user-dir "$PLUGIN" --cpu --task feedback_language_modeling --path "$2" \
+        --gen-subset "$3" --tokens-per-sample 128 --batch-size "$DEPTH_EVAL_STREAMS" > "$out.out" 2>&1
+    grep -h "Loss (base 2)" "$out.out" | tail -n 1 > "$out.bpb.tmp"
+    mv "$out.bpb.tmp" "$out.bpb"
+}
+
+depth() {  # depth NAME LAYERS OPTIONS...: a feedback_lm of LAYERS layers with DEPTH_BASE layers' parameters
+    local name=depth/$1 layers=$2 split
+    if (( DEPTH_BASE * DEPTH_HEAD_DIM % layers || DEPTH_BASE * DEPTH_FFN % layers )); then
+        log "depth $layers: $DEPTH_BASE layers' head dimension $DEPTH_HEAD_DIM and FFN $DEPTH_FFN do not divide by it"
+        return 1
+    fi
+    train "$name" "$DOCS_BYTES" "$DEPTH_UPDATES" --task feedback_language_modeling --arch feedback_lm \
+        --decoder-layers "$layers" $DEPTH_SIZES --head-dim $((DEPTH_BASE * DEPTH_HEAD_DIM / layers)) \
+        --decoder-ffn-embed-dim $((DEPTH_BASE * DEPTH_FFN / layers)) $DEPTH_TRAIN $DEPTH_VALID \
+        --validate-interval-updates "$DEPTH_VALID_EVERY" --save-interval-updates "$DEPTH_VALID_EVERY" \
+        --no-epoch-checkpoints --seed 1 "${@:3}"
+    for split in valid test; do bits_per_byte "$name" "$OUT/$name/checkpoint_last.pt" "$split"; done
+}
+
 # --- Table 1: toy tasks ---------------------------------------------------------------------------
 
 toy_data() {  # toy_data NAME KIND OPTIONS...: the episodes and their binarized inputs and labels, built aside then moved in place
@@ -187,6 +226,9 @@ RUNS=(
     "translation transformer_dec2 transformer 2 1"
     "translation feedback_dec1_seed2 feedback_transformer 1 2"
     "translation transformer_dec1_seed2 transformer 1 2"
+    "depth transformer_2 2 --no-feedback"
+    "depth transformer_6 6 --no-feedback"
+    "depth feedback_2 2"
 )
 
 # RUNS_ONLY: some of these runs, one per line (the summary then reports those)
@@ -238,7 +280,20 @@ logs_of() { local run; for run in "$@"; do echo "$run/train.log"; done; }
     fi
     toys=$(runs_of "toy/*/*")
     if [ -n "$toys" ]; then
-        echo "## Table 1: the algorithmic task with 3 variables, the random walk (test set)"
+        echo "## Figure 9: depth at constant parameters, on the manuals as bytes. DEPTH_BASE layers have the sizes
+# below; L layers have the same width and heads, and head dimension and FFN times DEPTH_BASE / L.
+DEPTH_UPDATES=${DEPTH_UPDATES:-600}
+DEPTH_VALID_EVERY=${DEPTH_VALID_EVERY:-100}  # a validation and a checkpoint kept: the points of equal wall time
+DEPTH_BASE=${DEPTH_BASE:-6}
+DEPTH_SIZES=${DEPTH_SIZES:-"--decoder-embed-dim 128 --decoder-attention-heads 4"}
+DEPTH_HEAD_DIM=${DEPTH_HEAD_DIM:-32}
+DEPTH_FFN=${DEPTH_FFN:-512}
+DEPTH_TRAIN=${DEPTH_TRAIN:-"--memory-span 256 --dropout 0 --optimizer adam --lr 0.0015 --lr-scheduler fixed
+    --warmup-updates 100 --clip-norm 1.0 --tokens-per-sample 128 --batch-size 32"}
+DEPTH_VALID=${DEPTH_VALID:-"--batch-size-valid 64 --max-valid-steps 10"}  # the first 11 blocks of 64 streams
+DEPTH_EVAL_STREAMS=${DEPTH_EVAL_STREAMS:-16}
+
+# Table 1: the algorithmic task with 3 variables, the random walk (test set)"
         python -m fairseq_feedback_cli.curves toy --out "$OUT/plots" $toys
     fi
 } > "$OUT/summary.md.tmp"
