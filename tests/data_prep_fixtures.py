@@ -422,3 +422,53 @@ def write_debian_docs(root: Path) -> dict:
         read(split, prose)
     deb(root, "python3.11-doc", "3.11.2-6+deb12u8", files, source="python3.11")
     return paragraphs
+
+
+# ------------------------------------------------------------ character level
+
+
+def write_enwik8(root: Path) -> bytes:
+    """root/enwik8: Wikipedia XML as the dump holds it, a few kilobytes, its
+    last byte no newline; a byte (of "é") only in the last 400 bytes, test."""
+    rng = random.Random(8)
+    pages = []
+    for i in range(12):
+        text = " ".join(sentence(rng, EN, rng.randint(5, 12)) for _ in range(3))
+        pages.append(f"  <page>\n    <title>Page {i}</title>\n    <text xml:space=\"preserve\">'''{text}'''\n"
+                     f"[[Link {i}|a link]] &amp; {{{{cite}}}}\n\n</text>\n  </page>\n")
+    data = "".join(pages).encode() + "Caf\u00e9 <page>".encode()
+    assert b"\xa9" not in data[:-400]
+    (root / "enwik8").parent.mkdir(parents=True, exist_ok=True)
+    (root / "enwik8").write_bytes(data)
+    return data
+
+
+def enwik8_archive(tmp: Path) -> Path:
+    write_enwik8(tmp / "src")
+    (tmp / "raw").mkdir()
+    with zipfile.ZipFile(tmp / "raw" / "enwik8.zip", "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.write(tmp / "src" / "enwik8", "enwik8")
+    return tmp / "raw" / "enwik8.zip"
+
+
+def write_char_ptb(root: Path) -> dict:
+    """root/simple-examples/data/ptb.char.{train,valid,test}.txt: the word-level
+    sentences one character per token, `_` between words (as Mikolov's files,
+    with a leading space), a `$` only in test. Returns each split's lines."""
+    rng = random.Random(50)
+    splits = {}
+    for split, n in (("train", 40), ("valid", 6), ("test", 7)):
+        lines = []
+        for i in range(n):
+            words = [w for w in sentence(rng, EN, rng.randint(4, 9)).lower().rstrip(".").split()]
+            words += ["<unk>", "N"] if i % 3 == 0 else ["$", "N"] if split == "test" and i == 1 else []
+            lines.append(" " + " ".join("_".join(words)))
+        splits[split] = lines
+        write(root / "simple-examples" / "data" / f"ptb.char.{split}.txt", lines)
+    return splits
+
+
+def char_ptb_archive(tmp: Path) -> Path:
+    write_char_ptb(tmp / "src")
+    (tmp / "raw").mkdir()
+    return tgz(tmp / "raw" / "simple-examples.tgz", tmp / "src", "simple-examples")
