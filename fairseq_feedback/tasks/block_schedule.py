@@ -13,23 +13,23 @@ from typing import Optional
 class BlockSchedule:
     """--bptt-warmup-tokens-per-sample for the epochs that begin before
     --bptt-warmup-updates updates, then --tokens-per-sample; without a
-    warm-up, --tokens-per-sample throughout. `updates` is what fairseq-train
-    has done (the task counts them as it trains; a checkpoint's epoch
-    iterator keeps the count)."""
+    warm-up, --tokens-per-sample throughout (read from the task's options
+    when asked). `updates` is what fairseq-train has done (the task counts
+    them as it trains; a checkpoint's epoch iterator keeps the count)."""
 
-    def __init__(self, tokens_per_sample: int, warmup_tokens_per_sample: Optional[int] = None,
-                 warmup_updates: int = 0):
-        self.tokens_per_sample, self.warmup_updates = tokens_per_sample, warmup_updates
-        self.warmup_tokens_per_sample = warmup_tokens_per_sample if warmup_updates > 0 else None
-        self.updates = 0
+    def __init__(self, args):
+        self.args, self.updates = args, 0
 
-    def block(self, updates: Optional[int] = None) -> int:
-        """The block length of an epoch that begins after `updates` updates (default: those done)."""
-        updates = self.updates if updates is None else updates
-        if self.warmup_tokens_per_sample is not None and updates < self.warmup_updates:
-            return self.warmup_tokens_per_sample
-        return self.tokens_per_sample
+    def block(self) -> int:
+        """The block length of an epoch that begins now, after the updates done."""
+        warmup = self._warmup()
+        if warmup is not None and self.updates < getattr(self.args, "bptt_warmup_updates", 0):
+            return warmup
+        return self.args.tokens_per_sample
 
     def lengths(self) -> set:
         """Every block length the schedule gives."""
-        return {self.tokens_per_sample, self.warmup_tokens_per_sample} - {None}
+        return {self.args.tokens_per_sample, self._warmup()} - {None}
+
+    def _warmup(self) -> Optional[int]:
+        return getattr(self.args, "bptt_warmup_tokens_per_sample", None)  # None: options of an older version

@@ -75,9 +75,8 @@ class FeedbackLanguageModelingTask(AdaptiveSpanLossMixin, LanguageModelingTask):
 
     def __init__(self, args, dictionary, output_dictionary=None, targets=None):
         super().__init__(args, dictionary, output_dictionary, targets)
-        self.block_schedule = BlockSchedule(args.tokens_per_sample, args.bptt_warmup_tokens_per_sample,
-                                            args.bptt_warmup_updates)
-        self.token_unit = args.token_unit or recorded_unit(args.data)
+        self.block_schedule = BlockSchedule(args)
+        self.token_unit = getattr(args, "token_unit", None) or recorded_unit(args.data)
 
     @classmethod
     def setup_dictionary(cls, args, **kwargs):
