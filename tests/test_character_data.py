@@ -90,7 +90,7 @@ def test_char_ptb_is_its_characters_with_every_symbol_in_the_dictionary(tmp_path
     for split in SPLITS:
         binarized, d = symbols(dest, split)
         assert binarized == [t for line in lines[split] for t in line.split() + ["\n"]]
-    assert "$" in d and d.count[d.index("$")] == 0  # only in test: in the dictionary, never <unk>
+    assert "%" in d and d.count[d.index("%")] == 0  # only in test: in the dictionary, never <unk>
     assert json.loads((dest / "data_prep.json").read_text())["unit"] == "character"
     err = capsys.readouterr().err
     assert ("characters and ends of line: " + ", ".join(f"{s} {tokens[s]:,}" for s in SPLITS)) in err

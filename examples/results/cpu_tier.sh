@@ -49,15 +49,15 @@ LM_BLOCKS=${LM_BLOCKS:-8}        # transformer_lm: blocks of 256 tokens (the sam
 
 # Figure 9: depth at constant parameters, on the manuals as bytes. DEPTH_BASE layers have the sizes
 # below; L layers have the same width and heads, and head dimension and FFN times DEPTH_BASE / L.
-DEPTH_UPDATES=${DEPTH_UPDATES:-600}
+DEPTH_UPDATES=${DEPTH_UPDATES:-800}
 DEPTH_VALID_EVERY=${DEPTH_VALID_EVERY:-100}  # a validation and a checkpoint kept: the points of equal wall time
 DEPTH_BASE=${DEPTH_BASE:-6}
 DEPTH_SIZES=${DEPTH_SIZES:-"--decoder-embed-dim 128 --decoder-attention-heads 4"}
 DEPTH_HEAD_DIM=${DEPTH_HEAD_DIM:-32}
 DEPTH_FFN=${DEPTH_FFN:-512}
 DEPTH_TRAIN=${DEPTH_TRAIN:-"--memory-span 256 --dropout 0 --optimizer adam --lr 0.0015 --lr-scheduler fixed
-    --warmup-updates 100 --clip-norm 1.0 --tokens-per-sample 128 --batch-size 32"}
-DEPTH_VALID=${DEPTH_VALID:-"--batch-size-valid 64 --max-valid-steps 10"}  # the first 11 blocks of 64 streams
+    --warmup-updates 100 --clip-norm 1.0 --tokens-per-sample 128 --batch-size 16"}
+DEPTH_VALID=${DEPTH_VALID:-"--batch-size-valid 64 --max-valid-steps 5"}  # the first 6 blocks of 64 streams
 DEPTH_EVAL_STREAMS=${DEPTH_EVAL_STREAMS:-16}
 
 # Table 1: the algorithmic task with 3 variables (TOY_*), and the random walk at the demo's size (WALK_*).
@@ -82,15 +82,17 @@ log() { echo "[cpu_tier $(date +%H:%M:%S)] $*"; }
 
 # train NAME DATA UPDATES ARGS...: fairseq-train into $OUT/NAME; continues from
 # its last checkpoint; a finished run (the marker `trained`) is left alone,
-# since fairseq would train one update more.
+# since fairseq would train one update more. Each process adds its CPU seconds
+# (user and system) to cpu_seconds: a clock that other work on the machine
+# does not stop, where fairseq's wall clock counts the time others took.
 train() {
-    local name=$1 data=$2 updates=$3 save=$OUT/$1
+    local name=$1 data=$2 updates=$3 save=$OUT/$1 TIMEFORMAT="%U %S"
     [ -f "$save/trained" ] && return 0
     mkdir -p "$save"
     log "training $name ($updates updates)"
     # shellcheck disable=SC2068  # the size and option strings split into words on purpose
-    fairseq-train "$data" "${COMMON[@]}" ${@:4} --max-update "$updates" --save-dir "$save" \
-        --log-file "$save/train.log" > "$save/train.out" 2>&1
+    { time fairseq-train "$data" "${COMMON[@]}" ${@:4} --max-update "$updates" --save-dir "$save" \
+        --log-file "$save/train.log" > "$save/train.out" 2>&1; } 2>> "$save/cpu_seconds"
     date -u +%FT%TZ > "$save/trained"
 }
 
@@ -169,6 +171,40 @@ depth() {  # depth NAME LAYERS OPTIONS...: a feedback_lm of LAYERS layers with D
         --validate-interval-updates "$DEPTH_VALID_EVERY" --save-interval-updates "$DEPTH_VALID_EVERY" \
         --no-epoch-checkpoints --seed 1 "${@:3}"
     for split in valid test; do bits_per_byte "$name" "$OUT/$name/checkpoint_last.pt" "$split"; done
+}
+
+bpb_of() {  # bpb_of CHECKPOINT SPLIT: the number of its bits_per_byte line
+    grep -o "Loss (base 2): [0-9.]*" "${1%.pt}.$2.bpb" | awk '{print $4}'
+}
+
+depth_rows() {  # depth_rows RUN...: each run at its last update, then at the CPU time the quickest run took
+    local run cpu fastest updates checkpoint
+    declare -A cpu
+    echo "| model | parameters | updates | CPU hours | valid bpb | test bpb |"
+    echo "| --- | ---: | ---: | ---: | ---: | ---: |"
+    for run in "$@"; do
+        cpu[$run]=$(awk '{s += $1 + $2} END {print s}' "$run/cpu_seconds")
+        echo "| $(basename "$run") | $(grep -o "num. trained: [0-9,]*" "$run/train.out" | tail -n 1 | cut -d' ' -f3) |" \
+            "$DEPTH_UPDATES | $(awk -v s="${cpu[$run]}" 'BEGIN {printf "%.2f", s / 3600}') |" \
+            "$(bpb_of "$run/checkpoint_last.pt" valid) | $(bpb_of "$run/checkpoint_last.pt" test) |"
+    done
+    fastest=$(printf '%s\n' "${cpu[@]}" | sort -g | head -n 1)
+    echo
+    echo "At the CPU time of the quickest: the last checkpoint of each within $fastest s (CPU time spread evenly over updates)"
+    echo
+    echo "| model | updates | valid bpb | test bpb |"
+    echo "| --- | ---: | ---: | ---: |"
+    for run in "$@"; do
+        updates=$(awk -v t="$fastest" -v c="${cpu[$run]}" -v n="$DEPTH_UPDATES" -v e="$DEPTH_VALID_EVERY" \
+            'BEGIN {print int(t / c * n / e + 1e-9) * e}')
+        checkpoint=$(compgen -G "$run/checkpoint_*_$updates.pt" | head -n 1 || true)
+        if [ -z "$checkpoint" ]; then
+            echo "| $(basename "$run") | $updates | no checkpoint | |"
+            continue
+        fi
+        for split in valid test; do bits_per_byte "$(basename "$run")" "$checkpoint" "$split"; done
+        echo "| $(basename "$run") | $updates | $(bpb_of "$checkpoint" valid) | $(bpb_of "$checkpoint" test) |"
+    done
 }
 
 # --- Table 1: toy tasks ---------------------------------------------------------------------------
@@ -278,19 +314,27 @@ logs_of() { local run; for run in "$@"; do echo "$run/train.log"; done; }
         python -m fairseq_feedback_cli.curves log --out "$OUT/plots/debian_docs.png" --metric valid_ppl \
             --title "Debian manuals: validation perplexity" $(logs_of $lm)
     fi
+    depth=$(runs_of "depth/*")
+    if [ -n "$depth" ]; then
+        echo "## Figure 9 at CPU scale: depth at constant parameters (the Debian manuals as bytes)"
+        depth_rows $depth
+        python -m fairseq_feedback_cli.curves log --out "$OUT/plots/depth.png" --metric valid_loss \
+            --label "valid bits per byte" --clock cpu --title "Debian manuals as bytes: depth at constant parameters" \
+            $(logs_of $depth) > /dev/null
+    fi
     toys=$(runs_of "toy/*/*")
     if [ -n "$toys" ]; then
         echo "## Figure 9: depth at constant parameters, on the manuals as bytes. DEPTH_BASE layers have the sizes
 # below; L layers have the same width and heads, and head dimension and FFN times DEPTH_BASE / L.
-DEPTH_UPDATES=${DEPTH_UPDATES:-600}
+DEPTH_UPDATES=${DEPTH_UPDATES:-800}
 DEPTH_VALID_EVERY=${DEPTH_VALID_EVERY:-100}  # a validation and a checkpoint kept: the points of equal wall time
 DEPTH_BASE=${DEPTH_BASE:-6}
 DEPTH_SIZES=${DEPTH_SIZES:-"--decoder-embed-dim 128 --decoder-attention-heads 4"}
 DEPTH_HEAD_DIM=${DEPTH_HEAD_DIM:-32}
 DEPTH_FFN=${DEPTH_FFN:-512}
 DEPTH_TRAIN=${DEPTH_TRAIN:-"--memory-span 256 --dropout 0 --optimizer adam --lr 0.0015 --lr-scheduler fixed
-    --warmup-updates 100 --clip-norm 1.0 --tokens-per-sample 128 --batch-size 32"}
-DEPTH_VALID=${DEPTH_VALID:-"--batch-size-valid 64 --max-valid-steps 10"}  # the first 11 blocks of 64 streams
+    --warmup-updates 100 --clip-norm 1.0 --tokens-per-sample 128 --batch-size 16"}
+DEPTH_VALID=${DEPTH_VALID:-"--batch-size-valid 64 --max-valid-steps 5"}  # the first 6 blocks of 64 streams
 DEPTH_EVAL_STREAMS=${DEPTH_EVAL_STREAMS:-16}
 
 # Table 1: the algorithmic task with 3 variables, the random walk (test set)"
