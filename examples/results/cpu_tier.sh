@@ -150,11 +150,11 @@ transformer_lm() {
 
 # --- Figure 9: depth at constant parameters ----------------------------------------------------
 
-bits_per_byte() {  # bits_per_byte NAME CHECKPOINT SPLIT: fairseq-eval-lm's line into NAME.bpb beside the checkpoint
-    local out=${2%.pt}.$3
+bits_per_byte() {  # bits_per_byte CHECKPOINT SPLIT: fairseq-eval-lm's last line, beside the checkpoint
+    local out=${1%.pt}.$2
     [ -f "$out.bpb" ] && return 0
-    fairseq-eval-lm "$DOCS_BYTES" --user-dir "$PLUGIN" --cpu --task feedback_language_modeling --path "$2" \
-        --gen-subset "$3" --tokens-per-sample 128 --batch-size "$DEPTH_EVAL_STREAMS" > "$out.out" 2>&1
+    fairseq-eval-lm "$DOCS_BYTES" --user-dir "$PLUGIN" --cpu --task feedback_language_modeling --path "$1" \
+        --gen-subset "$2" --tokens-per-sample 128 --batch-size "$DEPTH_EVAL_STREAMS" > "$out.out" 2>&1
     grep -h "Loss (base 2)" "$out.out" | tail -n 1 > "$out.bpb.tmp"
     mv "$out.bpb.tmp" "$out.bpb"
 }
@@ -170,7 +170,7 @@ depth() {  # depth NAME LAYERS OPTIONS...: a feedback_lm of LAYERS layers with D
         --decoder-ffn-embed-dim $((DEPTH_BASE * DEPTH_FFN / layers)) $DEPTH_TRAIN $DEPTH_VALID \
         --validate-interval-updates "$DEPTH_VALID_EVERY" --save-interval-updates "$DEPTH_VALID_EVERY" \
         --no-epoch-checkpoints --seed 1 "${@:3}"
-    for split in valid test; do bits_per_byte "$name" "$OUT/$name/checkpoint_last.pt" "$split"; done
+    for split in valid test; do bits_per_byte "$OUT/$name/checkpoint_last.pt" "$split"; done
 }
 
 bpb_of() {  # bpb_of CHECKPOINT SPLIT: the number of its bits_per_byte line
@@ -178,8 +178,8 @@ bpb_of() {  # bpb_of CHECKPOINT SPLIT: the number of its bits_per_byte line
 }
 
 depth_rows() {  # depth_rows RUN...: each run at its last update, then at the CPU time the quickest run took
-    local run cpu fastest updates checkpoint
-    declare -A cpu
+    local run fastest updates checkpoint
+    local -A cpu
     echo "| model | parameters | updates | CPU hours | valid bpb | test bpb |"
     echo "| --- | ---: | ---: | ---: | ---: | ---: |"
     for run in "$@"; do
@@ -202,7 +202,7 @@ depth_rows() {  # depth_rows RUN...: each run at its last update, then at the CP
             echo "| $(basename "$run") | $updates | no checkpoint | |"
             continue
         fi
-        for split in valid test; do bits_per_byte "$(basename "$run")" "$checkpoint" "$split"; done
+        for split in valid test; do bits_per_byte "$checkpoint" "$split"; done
         echo "| $(basename "$run") | $updates | $(bpb_of "$checkpoint" valid) | $(bpb_of "$checkpoint" test) |"
     done
 }
@@ -264,7 +264,7 @@ RUNS=(
     "translation transformer_dec1_seed2 transformer 1 2"
     "depth transformer_2 2 --no-feedback"
     "depth transformer_6 6 --no-feedback"
-    "depth feedback_2 2"
+    "depth feedback_2 2 --per-layer-kv"
 )
 
 # RUNS_ONLY: some of these runs, one per line (the summary then reports those)
@@ -324,20 +324,7 @@ logs_of() { local run; for run in "$@"; do echo "$run/train.log"; done; }
     fi
     toys=$(runs_of "toy/*/*")
     if [ -n "$toys" ]; then
-        echo "## Figure 9: depth at constant parameters, on the manuals as bytes. DEPTH_BASE layers have the sizes
-# below; L layers have the same width and heads, and head dimension and FFN times DEPTH_BASE / L.
-DEPTH_UPDATES=${DEPTH_UPDATES:-800}
-DEPTH_VALID_EVERY=${DEPTH_VALID_EVERY:-100}  # a validation and a checkpoint kept: the points of equal wall time
-DEPTH_BASE=${DEPTH_BASE:-6}
-DEPTH_SIZES=${DEPTH_SIZES:-"--decoder-embed-dim 128 --decoder-attention-heads 4"}
-DEPTH_HEAD_DIM=${DEPTH_HEAD_DIM:-32}
-DEPTH_FFN=${DEPTH_FFN:-512}
-DEPTH_TRAIN=${DEPTH_TRAIN:-"--memory-span 256 --dropout 0 --optimizer adam --lr 0.0015 --lr-scheduler fixed
-    --warmup-updates 100 --clip-norm 1.0 --tokens-per-sample 128 --batch-size 16"}
-DEPTH_VALID=${DEPTH_VALID:-"--batch-size-valid 64 --max-valid-steps 5"}  # the first 6 blocks of 64 streams
-DEPTH_EVAL_STREAMS=${DEPTH_EVAL_STREAMS:-16}
-
-# Table 1: the algorithmic task with 3 variables, the random walk (test set)"
+        echo "## Table 1: the algorithmic task with 3 variables, the random walk (test set)"
         python -m fairseq_feedback_cli.curves toy --out "$OUT/plots" $toys
     fi
 } > "$OUT/summary.md.tmp"
