@@ -79,6 +79,11 @@ def overrides(tiny_model, **train_set):
     }
 
 
+def one_worker(tiny):
+    """A multi-GPU command on one CPU worker."""
+    return dict(tiny, **{"fairseq-train": dict(tiny["fairseq-train"], workers=1)})
+
+
 # the char-PTB model's depth, for --memory-composition layer:5; every depth of Figure 9 trains at it. The
 # char-PTB models get LM_TINY's adaptive softmax too (their tiny runs share the WikiText-103 ones' options),
 # and with it the criterion that reads one
@@ -184,18 +189,19 @@ RECIPES = {
         # in one CPU worker (the WikiText-103 recipe's test runs that command on two)
         Recipe("ablations", lambda raw: {"wikitext103": fx.write_wikitext(raw), "char_ptb": fx.write_char_ptb(raw)},
                [_prepare("prepare_wikitext103"), _prepare("prepare_char_ptb", **_char_ptb_sizes())],
-               dict(ABLATIONS_TINY, **{"fairseq-train": dict(ABLATIONS_TINY["fairseq-train"], workers=1)}),
+               one_worker(ABLATIONS_TINY),
                fresh_save_dirs=False),
-        # an epoch of 5 blocks of 32 bytes on 2 workers of 16 streams: the warm-up ends after the first epoch
+        # one CPU worker for each 8-GPU command (the WikiText-103 recipe's test runs that form on two), of 32
+        # streams: an epoch of 3 blocks of 32 bytes, so the warm-up ends with the first epoch
         Recipe("enwik8", fx.write_enwik8, [_prepare("prepare_enwik8", **ENWIK8_SIZES)],
-               overrides(CHAR_TINY, **{"--batch-size": 16, "--tokens-per-sample": 64,
-                                       "--bptt-warmup-tokens-per-sample": 32, "--bptt-warmup-updates": 2,
-                                       "--warmup-updates": 2}),
+               one_worker(overrides(CHAR_TINY, **{"--batch-size": 32, "--tokens-per-sample": 64,
+                                                  "--bptt-warmup-tokens-per-sample": 32, "--bptt-warmup-updates": 2,
+                                                  "--warmup-updates": 2})),
                paper={"feedback_lm_enwik8": TABLE9_CHARACTERS["feedback_lm_enwik8"]}, streams_per_update=1024,
                finetunes="--lr 0.00015 --max-update 110000"),
         Recipe("char_ptb", fx.write_char_ptb, [_prepare("prepare_char_ptb", **_char_ptb_sizes())],
-               overrides(CHAR_TINY, **{"--batch-size": 4, "--tokens-per-sample": 32, "--warmup-updates": 2,
-                                       "--validate-interval-updates": 5, "--save-interval-updates": 5}),
+               one_worker(overrides(CHAR_TINY, **{"--batch-size": 4, "--tokens-per-sample": 32, "--warmup-updates": 2,
+                                                  "--validate-interval-updates": 5, "--save-interval-updates": 5})),
                paper={"feedback_lm_char_ptb": TABLE9_CHARACTERS["feedback_lm_char_ptb"]}, streams_per_update=2048,
                finetunes="--lr 0.00015 --max-update 16000"),
         Recipe("debian_de_en", fx.write_debian_de_en, [_prepare("prepare_debian_de_en")],

@@ -184,7 +184,7 @@ depth_rows() {  # depth_rows RUN...: each run at its last update, then at the CP
     echo "| --- | ---: | ---: | ---: | ---: | ---: |"
     for run in "$@"; do
         cpu[$run]=$(awk '{s += $1 + $2} END {print s}' "$run/cpu_seconds")
-        echo "| $(basename "$run") | $(grep -o "num. trained: [0-9,]*" "$run/train.out" | tail -n 1 | cut -d' ' -f3) |" \
+        echo "| $(basename "$run") | $(grep -o "model params: [0-9,]*" "$run/train.out" | head -n 1 | cut -d' ' -f3) |" \
             "$DEPTH_UPDATES | $(awk -v s="${cpu[$run]}" 'BEGIN {printf "%.2f", s / 3600}') |" \
             "$(bpb_of "$run/checkpoint_last.pt" valid) | $(bpb_of "$run/checkpoint_last.pt" test) |"
     done
@@ -197,7 +197,8 @@ depth_rows() {  # depth_rows RUN...: each run at its last update, then at the CP
     for run in "$@"; do
         updates=$(awk -v t="$fastest" -v c="${cpu[$run]}" -v n="$DEPTH_UPDATES" -v e="$DEPTH_VALID_EVERY" \
             'BEGIN {print int(t / c * n / e + 1e-9) * e}')
-        checkpoint=$(compgen -G "$run/checkpoint_*_$updates.pt" | head -n 1 || true)
+        checkpoint=$run/checkpoint_last.pt  # the same as checkpoint_1_$DEPTH_UPDATES.pt, evaluated already
+        [ "$updates" -lt "$DEPTH_UPDATES" ] && checkpoint=$(compgen -G "$run/checkpoint_*_$updates.pt" | head -n 1 || true)
         if [ -z "$checkpoint" ]; then
             echo "| $(basename "$run") | $updates | no checkpoint | |"
             continue

@@ -176,6 +176,8 @@ class _BitsPer(logging.Filter):
 
 
 def _say_bits_per(unit):
+    """The unit of this evaluation (an earlier one in the same process may have had another)."""
     log = logging.getLogger("fairseq_cli.eval_lm")
-    if not any(isinstance(f, _BitsPer) for f in log.filters):
-        log.addFilter(_BitsPer(unit))
+    for earlier in [f for f in log.filters if isinstance(f, _BitsPer)]:
+        log.removeFilter(earlier)
+    log.addFilter(_BitsPer(unit))
