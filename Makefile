@@ -53,8 +53,8 @@ demo: setup
 bench: setup
 	$(BIN)/feedback-benchmark
 
-# The CPU tier of examples/results/README.md, from data-bin/debian_de_en and
-# data-bin/debian_docs (fairseq_feedback_cli.data_prep); resumes where it stopped.
+# The CPU tier of examples/results/README.md, from data-bin/debian_de_en, data-bin/debian_docs and
+# data-bin/debian_docs_bytes (fairseq_feedback_cli.data_prep); resumes where it stopped.
 cpu-tier: setup
 	PATH="$(abspath $(BIN)):$$PATH" bash examples/results/cpu_tier.sh
 

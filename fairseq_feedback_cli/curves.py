@@ -2,6 +2,8 @@
 
     python -m fairseq_feedback_cli.curves toy --out results/ checkpoints/toy/*/*/
     python -m fairseq_feedback_cli.curves log --out de_en.png [--metric valid_ppl] checkpoints/debian_de_en/*/train.log
+    python -m fairseq_feedback_cli.curves log --out depth.png --metric valid_loss --label "valid bits per byte" \
+        --clock cpu runs/cpu_tier/depth/*/train.log
 
 toy: each folder is one model (its name) of one task (its parent folder's
 name), holding the test.UPDATES.json files of examples/toy/README.md
@@ -9,10 +11,15 @@ name), holding the test.UPDATES.json files of examples/toy/README.md
 token and episode accuracy against updates, in --out/TASK.png.
 
 log: each file is the --log-file of a fairseq-train run with --log-format
-json: the validation metric (--metric, as fairseq names it) against updates
-and against hours of training, one curve per file, named by its folder
-(a perplexity on a log axis). Training time is fairseq's wall clock, added
-up over resumed runs.
+json: the validation metric (--metric, as fairseq names it; --label names it
+in the figure and the rows) against updates and against hours of training,
+one curve per file, named by its folder (a perplexity on a log axis).
+Training time is fairseq's wall clock, added up over resumed runs; or, with
+--clock cpu, the CPU time in the file cpu_seconds beside the log (lines of
+user and system seconds, one per process, as bash's `time` with
+TIMEFORMAT="%U %S" writes them; examples/results/cpu_tier.sh does), spread
+evenly over the updates: a clock that other work on the machine does not
+stop.
 
 Both print one markdown row per model: its last point.
 """
@@ -75,6 +82,18 @@ def log_points(path, metric):
     return points
 
 
+def cpu_hours(log, points):
+    """The points of `log` with their hours on the clock of its cpu_seconds, spread evenly over the updates."""
+    path = os.path.join(os.path.dirname(os.path.abspath(log)), "cpu_seconds")
+    try:
+        with open(path) as f:
+            seconds = sum(float(x) for line in f for x in line.split())
+    except (OSError, ValueError) as e:
+        fail(f"--clock cpu reads {path}, which lines of 'user system' seconds make ({e})")
+    last = points[-1][0]
+    return [(updates, seconds * updates / last / 3600, value) for updates, _, value in points]
+
+
 def as_hours(seconds):
     return "" if seconds is None else f"{seconds / 3600:.2f}"
 
@@ -86,6 +105,9 @@ def main(argv=None):
     parser.add_argument("--out", required=True, help="toy: the folder for the PNGs; log: the PNG")
     parser.add_argument("--metric", default="valid_ppl", help="log: the validation metric (default: %(default)s)")
     parser.add_argument("--title", default="", help="log: the figure's title")
+    parser.add_argument("--label", help="log: the metric's name in the figure and the rows (default: --metric)")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="log: hours of fairseq's wall clock, or of the CPU time in cpu_seconds beside each log")
     args = parser.parse_args(argv)
     if not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
         fail(f"the folder of --out {args.out} does not exist")
@@ -104,9 +126,14 @@ def main(argv=None):
                 print(f"| {name} | {model} | {last['updates']} | {100 * last[token]:.1f} | {100 * last[episode]:.1f} | "
                       f"{as_hours(last.get('train_seconds'))} |")
     else:
-        runs = {os.path.basename(os.path.dirname(os.path.abspath(p))): log_points(p, args.metric) for p in args.inputs}
-        plots.save(plots.validation_curves(runs, args.metric, args.title), args.out, dpi=90)
-        print(f"| model | updates | {args.metric} | training hours |")
+        runs = {}
+        for path in args.inputs:
+            points = log_points(path, args.metric)
+            runs[os.path.basename(os.path.dirname(os.path.abspath(path)))] = \
+                cpu_hours(path, points) if args.clock == "cpu" else points
+        label = args.label or args.metric
+        plots.save(plots.validation_curves(runs, args.metric, args.title, label, args.clock), args.out, dpi=90)
+        print(f"| model | updates | {label} | training hours{' (CPU)' if args.clock == 'cpu' else ''} |")
         print("| --- | ---: | ---: | ---: |")
         for name, points in runs.items():
             updates, at, value = points[-1]

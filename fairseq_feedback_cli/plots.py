@@ -39,10 +39,10 @@ def toy_accuracy(results, task, title=""):
     return fig
 
 
-def validation_curves(runs, metric, title=""):
-    """The figure of `metric` against updates and against training hours, one curve per run;
-    runs: {name: [(updates, hours, value)]}. A perplexity goes on a log axis: on a linear one
-    the first validations' hundreds flatten the late differences."""
+def validation_curves(runs, metric, title="", label=None, clock="wall"):
+    """The figure of `metric` (named `label`) against updates and against training hours (of the wall
+    clock, or of CPU time), one curve per run; runs: {name: [(updates, hours, value)]}. A perplexity goes
+    on a log axis: on a linear one the first validations' hundreds flatten the late differences."""
     plt = _pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), sharey=True)
     for name, points in runs.items():
@@ -50,8 +50,8 @@ def validation_curves(runs, metric, title=""):
         axes[0].plot(updates, values, "o-", markersize=3, label=name)
         axes[1].plot(hours, values, "o-", markersize=3, label=name)
     axes[0].set_xlabel("updates")
-    axes[1].set_xlabel("training hours")
-    axes[0].set_ylabel(metric)
+    axes[1].set_xlabel("training hours" + (" (CPU)" if clock == "cpu" else ""))
+    axes[0].set_ylabel(label or metric)
     if metric.endswith("ppl"):
         axes[0].set_yscale("log")  # shared with the other axis
     for ax in axes:

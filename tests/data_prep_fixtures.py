@@ -422,3 +422,68 @@ def write_debian_docs(root: Path) -> dict:
         read(split, prose)
     deb(root, "python3.11-doc", "3.11.2-6+deb12u8", files, source="python3.11")
     return paragraphs
+
+
+# ------------------------------------------------------------ character level
+
+
+def enwik8_bytes() -> bytes:
+    """Wikipedia XML as the dump holds it, a few kilobytes, its last byte no
+    newline; a byte (of "é") only in the last 400 bytes, test."""
+    rng = random.Random(8)
+    pages = []
+    for i in range(12):
+        text = " ".join(sentence(rng, EN, rng.randint(5, 12)) for _ in range(3))
+        pages.append(f"  <page>\n    <title>Page {i}</title>\n    <text xml:space=\"preserve\">'''{text}'''\n"
+                     f"[[Link {i}|a link]] &amp; {{{{cite}}}}\n\n</text>\n  </page>\n")
+    data = "".join(pages).encode() + "Caf\u00e9 <page>".encode()
+    assert b"\xa9" not in data[:-400]
+    return data
+
+
+def write_enwik8(root: Path) -> dict:
+    """root/enwik8, as enwik8.zip holds it."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "enwik8").write_bytes(enwik8_bytes())
+    return {}
+
+
+def enwik8_archive(tmp: Path) -> Path:
+    write_enwik8(tmp / "src")
+    (tmp / "raw").mkdir()
+    with zipfile.ZipFile(tmp / "raw" / "enwik8.zip", "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.write(tmp / "src" / "enwik8", "enwik8")
+    return tmp / "raw" / "enwik8.zip"
+
+
+PTB_WORDS = EN + ["mr.", "u.s.", "n't", "'s", "&", "#", "$", "1\\/2", "a-b", "co.", "inc.", "quiz", "jazz", "oxen"]
+
+
+def char_ptb_lines() -> dict:
+    """Each split's lines of simple-examples/data/ptb.char.*.txt: the word-level
+    sentences one character per token, `_` between words, with a leading space
+    (as Mikolov's files), `<unk>` and `N` as the word-level text has them, a `%`
+    only in test."""
+    rng = random.Random(50)
+    splits = {}
+    for split, n in (("train", 40), ("valid", 6), ("test", 7)):
+        lines = []
+        for i in range(n):
+            words = [rng.choice(PTB_WORDS) for _ in range(rng.randint(4, 9))]
+            words += ["<unk>", "N"] if i % 3 == 0 else ["%", "N"] if split == "test" and i == 1 else []
+            lines.append(" " + " ".join("_".join(words)))
+        splits[split] = lines
+    return splits
+
+
+def write_char_ptb(root: Path) -> dict:
+    splits = char_ptb_lines()
+    for split, lines in splits.items():
+        write(root / "simple-examples" / "data" / f"ptb.char.{split}.txt", lines)
+    return splits
+
+
+def char_ptb_archive(tmp: Path) -> Path:
+    write_char_ptb(tmp / "src")
+    (tmp / "raw").mkdir()
+    return tgz(tmp / "raw" / "simple-examples.tgz", tmp / "src", "simple-examples")

@@ -19,6 +19,9 @@ LM_TINY = ["--decoder-layers", 2, "--decoder-embed-dim", 16, "--decoder-ffn-embe
 # and output dims too); no adaptive softmax: it has none
 SAME_SIZE_LM_TINY = ["--decoder-layers", 2, "--decoder-embed-dim", 16, "--decoder-ffn-embed-dim", 32,
                      "--decoder-attention-heads", 2, "--decoder-input-dim", 16, "--decoder-output-dim", 16]
+# the character-level architectures: no adaptive softmax; their head dimension made tiny too
+CHAR_TINY = ["--decoder-layers", 2, "--decoder-embed-dim", 16, "--decoder-ffn-embed-dim", 32,
+             "--decoder-attention-heads", 2, "--head-dim", 8]
 TOY_TINY = ["--decoder-layers", 2, "--decoder-embed-dim", 16, "--decoder-ffn-embed-dim", 32,
             "--decoder-attention-heads", 2, "--memory-span", 16]
 # the README's --log-format stays (the curves read json logs); without one, fairseq logs simple lines off a terminal
@@ -35,9 +38,17 @@ def overrides(tiny_model, **train_set):
     }
 
 
-# the small model's depth, for --memory-composition layer:3
-ABLATIONS_TINY = overrides([*LM_TINY, "--decoder-layers", 4], **{"--batch-size": 4, "--tokens-per-sample": 64,
-                           "--max-tokens": 128, "--max-update": 2, "--persistent-vectors": 8})
+def one_worker(tiny):
+    """A multi-GPU command on one CPU worker."""
+    return dict(tiny, **{"fairseq-train": dict(tiny["fairseq-train"], workers=1)})
+
+
+# the char-PTB model's depth, for --memory-composition layer:5; every depth of Figure 9 trains at it. The
+# char-PTB models get LM_TINY's adaptive softmax too (their tiny runs share the WikiText-103 ones' options),
+# and with it the criterion that reads one
+ABLATIONS_TINY = overrides([*LM_TINY, "--decoder-layers", 6, "--head-dim", 8, "--criterion", "adaptive_loss"],
+                           **{"--batch-size": 4, "--tokens-per-sample": 64, "--max-tokens": 128, "--max-update": 2,
+                              "--persistent-vectors": 8, "--decoder-ffn-embed-dim": 32})
 
 
 @dataclass
@@ -56,9 +67,25 @@ class Recipe:
     finetunes: str = ""
 
 
-def _prepare(script):
+def _prepare(script, **sizes):
+    """The README's data script, run on the fixture's raw files; `sizes` replace its module's published
+    sizes (a file of enwik8's 100M bytes is no fixture)."""
     command = f"python -m fairseq_feedback_cli.data_prep.{script}"
-    return command, f"{command} --raw {{raw}} --workers 1"
+    if not sizes:
+        return command, f"{command} --raw {{raw}} --workers 1"
+    module = f"fairseq_feedback_cli.data_prep.{script}"
+    patch = "; ".join(f"m.{name} = {value!r}" for name, value in sizes.items()).replace("{", "{{").replace("}", "}}")
+    return command, f'python -c "import sys, {module} as m; {patch}; m.main()" --raw {{raw}} --workers 1'
+
+
+def _char_ptb_sizes():
+    lines = fx.char_ptb_lines()
+    tokens = {split: sum(len(line.split()) + 1 for line in lines[split]) for split in lines}
+    return {"PUBLISHED": {"lines": {split: len(lines[split]) for split in lines},
+                          "tokens": {split: (n, 0) for split, n in tokens.items()}}}
+
+
+ENWIK8_SIZES = {"BYTES": len(fx.enwik8_bytes()), "HELD_OUT": {"valid": 500, "test": 400}}
 
 
 TABLE8 = {
@@ -77,6 +104,16 @@ TABLE9_TOY = dict(arch="feedback_lm_toy", decoder_embed_dim=256, decoder_ffn_emb
                   memory_span=100, dropout=0.2, tokens_per_sample=64, batch_size=512, lr=[0.0001], clip_norm=0.1,
                   warmup_updates=1000, optimizer="adam", lr_scheduler="fixed", decoder_normalize_before=True,
                   relative_positions=True, labels="labels")
+TABLE9_CHARACTERS = {
+    "feedback_lm_enwik8": dict(decoder_layers=12, decoder_embed_dim=512, decoder_ffn_embed_dim=4096,
+                               decoder_attention_heads=8, head_dim=128, memory_span=8192, adaptive_span=True,
+                               adaptive_span_loss=5e-7, dropout=0.5, per_layer_kv=True, tokens_per_sample=128,
+                               bptt_warmup_tokens_per_sample=64, bptt_warmup_updates=50000, lr=[0.0015],
+                               clip_norm=0.1, warmup_updates=8000),
+    "feedback_lm_char_ptb": dict(decoder_layers=6, decoder_embed_dim=384, decoder_ffn_embed_dim=1536,
+                                 decoder_attention_heads=4, memory_span=512, dropout=0.5, per_layer_kv=True,
+                                 tokens_per_sample=128, lr=[0.0015], clip_norm=1.0, warmup_updates=1000),
+}
 TABLE9 = {
     "feedback_lm_wiki103": dict(decoder_layers=4, decoder_embed_dim=512, decoder_ffn_embed_dim=4096,
                                 decoder_attention_heads=8, head_dim=128, memory_span=512, dropout=0.1,
@@ -109,9 +146,23 @@ RECIPES = {
                paper=TABLE9, streams_per_update=512, finetunes="--lr 0.00007 --max-update 210000"),
         # the WikiText-103 recipe's 8-GPU command with one thing changed: 14 models, so each trains 2 updates
         # in one CPU worker (the WikiText-103 recipe's test runs that command on two)
-        Recipe("ablations", fx.write_wikitext, [_prepare("prepare_wikitext103")],
-               dict(ABLATIONS_TINY, **{"fairseq-train": dict(ABLATIONS_TINY["fairseq-train"], workers=1)}),
+        Recipe("ablations", lambda raw: {"wikitext103": fx.write_wikitext(raw), "char_ptb": fx.write_char_ptb(raw)},
+               [_prepare("prepare_wikitext103"), _prepare("prepare_char_ptb", **_char_ptb_sizes())],
+               one_worker(ABLATIONS_TINY),
                fresh_save_dirs=False),
+        # one CPU worker for each 8-GPU command (the WikiText-103 recipe's test runs that form on two), of 32
+        # streams: an epoch of 3 blocks of 32 bytes, so the warm-up ends with the first epoch
+        Recipe("enwik8", fx.write_enwik8, [_prepare("prepare_enwik8", **ENWIK8_SIZES)],
+               one_worker(overrides(CHAR_TINY, **{"--batch-size": 32, "--tokens-per-sample": 64,
+                                                  "--bptt-warmup-tokens-per-sample": 32, "--bptt-warmup-updates": 2,
+                                                  "--warmup-updates": 2})),
+               paper={"feedback_lm_enwik8": TABLE9_CHARACTERS["feedback_lm_enwik8"]}, streams_per_update=1024,
+               finetunes="--lr 0.00015 --max-update 110000"),
+        Recipe("char_ptb", fx.write_char_ptb, [_prepare("prepare_char_ptb", **_char_ptb_sizes())],
+               one_worker(overrides(CHAR_TINY, **{"--batch-size": 4, "--tokens-per-sample": 32, "--warmup-updates": 2,
+                                                  "--validate-interval-updates": 5, "--save-interval-updates": 5})),
+               paper={"feedback_lm_char_ptb": TABLE9_CHARACTERS["feedback_lm_char_ptb"]}, streams_per_update=2048,
+               finetunes="--lr 0.00015 --max-update 16000"),
         Recipe("debian_de_en", fx.write_debian_de_en, [_prepare("prepare_debian_de_en")],
                overrides(TRANSLATION_TINY, **{"--max-tokens": 4096}),
                paper={"feedback_transformer_iwslt_de_en": IWSLT_BUT_DEPTH, "transformer_iwslt_de_en": IWSLT_BUT_DEPTH},

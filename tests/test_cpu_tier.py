@@ -15,6 +15,8 @@ from pathlib import Path
 import recipe_shims
 from helpers import ENV, run, run_module
 
+from fairseq_feedback_cli.data_prep.characters import byte_dictionary, write_bytes, write_dictionary
+
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "examples" / "results" / "cpu_tier.sh"
 
@@ -32,6 +34,11 @@ TINY = {
                                                                   "--valid 4 --test 4",
 }
 TINY.update(WALK_SIZES=TINY["TOY_SIZES"], WALK_TRAIN=TINY["TOY_TRAIN"])
+# Figure 9: 6 layers' head dimension 6 and FFN 8 make 18 and 24 at 2 layers
+TINY.update(DEPTH_UPDATES="4", DEPTH_VALID_EVERY="2", DEPTH_SIZES="--decoder-embed-dim 16 --decoder-attention-heads 2",
+            DEPTH_HEAD_DIM="6", DEPTH_FFN="8", DEPTH_VALID="--batch-size-valid 4 --max-valid-steps 1",
+            DEPTH_TRAIN="--memory-span 16 --tokens-per-sample 16 --batch-size 2 --optimizer adam --lr 0.001",
+            DEPTH_EVAL_STREAMS="4")
 RUNS = ["feedback_dec1", "transformer_dec1", "feedback_dec2", "transformer_dec2", "feedback_dec1_seed2",
         "transformer_dec1_seed2"]
 
@@ -60,13 +67,29 @@ def monolingual_data(tmp_path):
     return tmp_path / "docs"
 
 
+def byte_data(tmp_path):
+    """Text as bytes, as prepare_debian_docs --bytes writes it (data_prep/characters.py)."""
+    rng = random.Random(1)
+    (tmp_path / "bytes").mkdir()
+    texts = {split: "".join(" ".join(rng.choice(("the", "manual", "says", "dpkg")) for _ in range(8)) + ".\n"
+                            for _ in range(n)).encode() for split, n in (("train", 40), ("valid", 6), ("test", 6))}
+    for split, data in texts.items():
+        write_bytes(data, tmp_path / "bytes" / f"{split}.txt")
+    write_dictionary(byte_dictionary(texts["train"]), tmp_path / "bytes" / "dict.txt")
+    run("preprocess", "--only-source", "--srcdict", tmp_path / "bytes" / "dict.txt", "--trainpref",
+        tmp_path / "bytes" / "train.txt", "--validpref", tmp_path / "bytes" / "valid.txt", "--testpref",
+        tmp_path / "bytes" / "test.txt", "--destdir", tmp_path / "docs_bytes", "--workers", "1")
+    return tmp_path / "docs_bytes"
+
+
 def test_the_cpu_tier_runs_end_to_end_and_a_second_run_trains_nothing(tmp_path):
     out = tmp_path / "tier"
     # the tools are stand-ins that a server runs, which imported fairseq once (tests/recipe_shims.py)
     recipe_shims.write(tmp_path / "bin")
     server = dict(ENV, RECIPE_SERVER=str(tmp_path / "server.sock"))
     env = dict(server, **TINY, OUT=str(out), DE_EN=str(translation_data(tmp_path)),
-               DOCS=str(monolingual_data(tmp_path)), PLUGIN=str(REPO / "fairseq_feedback"),
+               DOCS=str(monolingual_data(tmp_path)), DOCS_BYTES=str(byte_data(tmp_path)),
+               PLUGIN=str(REPO / "fairseq_feedback"),
                PATH=os.pathsep.join([str(tmp_path / "bin"), os.path.dirname(sys.executable), os.environ["PATH"]]))
 
     def tier():
@@ -84,10 +107,15 @@ def test_the_cpu_tier_runs_end_to_end_and_a_second_run_trains_nothing(tmp_path):
         assert f"{name}: " in summary and "Perplexity: " in summary.split(f"{name}: ")[1].splitlines()[0]
     for task in ("algorithmic3", "random_walk"):
         assert f"| {task} | feedback | 2 |" in summary and f"| {task} | transformer | 2 |" in summary
-    for plot in ("debian_de_en.png", "debian_docs.png", "algorithmic3.png", "random_walk.png"):
+    # Figure 9: each model at its last update, then at the CPU time of the quickest, in bits per byte
+    depth = summary.split("## Figure 9")[1]
+    for name in ("feedback_2", "transformer_2", "transformer_6"):
+        assert re.search(rf"^\| {name} \| [1-9][\d,]* \| 4 \| [\d.]+ \| [\d.]+ \| [\d.]+ \|$", depth, flags=re.M)
+        assert re.search(rf"^\| {name} \| [024] \| ([\d.]+ \| [\d.]+|no checkpoint \|) \|$", depth, flags=re.M)
+    for plot in ("debian_de_en.png", "debian_docs.png", "algorithmic3.png", "random_walk.png", "depth.png"):
         assert (out / "plots" / plot).stat().st_size > 1000
     logs = {log: log.stat().st_mtime_ns for log in out.rglob("train.log")}
-    assert len(logs) == len(RUNS) + 3 + 4
+    assert len(logs) == len(RUNS) + 3 + 4 + 3
 
     again = tier()
     assert "training" not in again and "translating" not in again

@@ -85,3 +85,21 @@ def test_bad_inputs_are_one_line(tmp_path):
     assert "has no valid_ppl" in curves_error("log", "--out", tmp_path / "c.png", log)
     assert "cannot read" in curves_error("log", "--out", tmp_path / "c.png", tmp_path / "missing.log")
     assert "does not exist" in curves_error("log", "--out", tmp_path / "no" / "c.png", log)
+
+
+def test_the_cpu_clock_spreads_each_runs_cpu_seconds_over_its_updates(tmp_path, capsys):
+    """On a machine that others share, wall time measures them too; the CPU time of a run does not."""
+    records = [{"epoch": 1, "valid_loss": "3.1", "valid_num_updates": "100"},
+               {"epoch": 1, "num_updates": "200", "wall": "7200"},
+               {"epoch": 1, "valid_loss": "2.5", "valid_num_updates": "200"}]
+    log = write_log(tmp_path / "feedback_2" / "train.log", records)
+    (tmp_path / "feedback_2" / "cpu_seconds").write_text("3000.5 99.5\n3600 0\n")  # two processes: resumed
+    curves.main(["log", "--out", str(tmp_path / "c.png"), "--metric", "valid_loss", "--label", "valid bits per byte",
+                 "--clock", "cpu", str(log)])
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "| model | updates | valid bits per byte | training hours (CPU) |"
+    assert out[2] == "| feedback_2 | 200 | 2.50 | 1.86 |"  # 6,700 s, not the wall clock's 2 h
+    assert curves.cpu_hours(str(log), curves.log_points(str(log), "valid_loss"))[0] == (100, 6700 / 2 / 3600, 3.1)
+    (tmp_path / "feedback_2" / "cpu_seconds").unlink()
+    assert "--clock cpu reads" in curves_error("log", "--out", tmp_path / "c.png", "--metric", "valid_loss",
+                                               "--clock", "cpu", log)

@@ -39,8 +39,9 @@ from typing import Dict, List
 
 import pytest
 import torch
+import data_prep_fixtures as fx
 from helpers import PLUGIN
-from recipes import RECIPES, TABLE9, TABLE9_TOY, Recipe, bash_blocks
+from recipes import ENWIK8_SIZES, RECIPES, TABLE9, TABLE9_CHARACTERS, TABLE9_TOY, Recipe, bash_blocks
 
 import recipe_shims
 from fairseq_feedback_cli.toy_scoring import METRICS
@@ -298,8 +299,9 @@ def test_wikitext103_recipe(runs, name):
 
 def check_finetuned(run: Run, trains, output, models):
     """Each model finetuned (the paper's appendix): its last training command continued in its --save-dir, with
-    --lr and --max-update the only options changed, from the checkpoint that training left (at its last update),
-    for more updates, each at the finetuning's learning rate."""
+    --lr and --max-update the only options changed (the recipe's `finetunes`: a tenth of the learning rate), from
+    the checkpoint that training left (at its last update), for more updates, each at the finetuning's rate."""
+    lr, max_update = re.fullmatch(r"--lr (\S+) --max-update (\d+)", run.recipe.finetunes).groups()
     finetunes = [c for c in trains if "continued" in c]
     saves = [Path(parsed_train_args(c).save_dir) for c in finetunes]
     assert sorted(save.name for save in saves) == sorted(models)
@@ -310,7 +312,8 @@ def check_finetuned(run: Run, trains, output, models):
         assert "continued" not in training and finetune["gpus"] == training["gpus"], finetune["written"]
         trained = vars(parsed_train_args(training))
         assert {k for k, v in vars(args).items() if v != trained[k]} == {"lr", "max_update"}, finetune["written"]
-        assert (args.lr, args.max_update) == ([0.00007], 210000) and trained["lr"] == [0.0007]
+        assert (args.lr, args.max_update) == ([float(lr)], int(max_update))
+        assert trained["lr"] == [pytest.approx(10 * float(lr))]
         assert finetune["continued"] == trained_updates
         loaded = output.split(f"Loaded checkpoint {save}/checkpoint_last.pt ")
         assert len(loaded) == 2, f"{save}: not continued once from its checkpoint_last.pt"
@@ -318,16 +321,22 @@ def check_finetuned(run: Run, trains, output, models):
         assert re.match(rf"\(epoch \d+ @ {trained_updates} updates\)", log), log[:200]
         updates = [int(u) for u in re.findall(r"\bnum_updates[= ](\d+)", log)]
         assert updates and min(updates) > trained_updates and max(updates) == 2 * trained_updates, updates
-        assert set(re.findall(r"\blr[= ]([\d.e+-]+)", log)) == {"7e-05"}, log[-2000:]
+        assert {float(x) for x in re.findall(r"\blr[= ]([\d.e+-]+)", log)} == {float(lr)}, log[-2000:]
 
 
-# each ablation's --save-dir: its architecture, and how its options differ from the WikiText-103 recipe's
-# model of that architecture (the paper's, Table 9)
+# each ablation's --save-dir: its architecture, and how its options differ from its recipe's model of that
+# architecture (the paper's, Table 9)
 FIXED_SPAN = dict(adaptive_span=False, memory_span=512, adaptive_span_loss=0.0)  # Table 9's "512, 2048*"
-ABLATIONS = {
-    **{f"memory_{c.replace(':', '')}": ("feedback_lm_wiki103", dict(memory_composition=c))
-       for c in ("weighted", "top", "average", "layer:0", "layer:1", "layer:2", "layer:3")},  # Figures 5, 8
-    "transformer_small": ("feedback_lm_wiki103", dict(no_feedback=True)),
+CHAR_PTB_ABLATIONS = {
+    **{f"memory_{c.replace(':', '')}": dict(memory_composition=c)  # Figures 5 and 8
+       for c in ("weighted", "top", "average", "layer:0", "layer:1", "layer:2", "layer:3", "layer:4", "layer:5")},
+    "transformer_char_ptb": dict(no_feedback=True),
+    # Figure 9: the 6-layer model's head dimension and FFN times 6 / depth
+    **{f"depth{n}_{model}": dict(decoder_layers=n, head_dim=96 * 6 // n, decoder_ffn_embed_dim=1536 * 6 // n,
+                                 no_feedback=model == "transformer")
+       for n in (1, 2, 4, 6, 8) for model in ("feedback", "transformer")},
+}
+WIKITEXT103_ABLATIONS = {
     "feedback_large_span2048_adaptive": ("feedback_lm_wiki103_large", {}),  # Table 6
     "feedback_large_span512": ("feedback_lm_wiki103_large", FIXED_SPAN),
     "transformer_large_span2048_adaptive": ("feedback_lm_wiki103_large", dict(no_feedback=True)),
@@ -336,11 +345,16 @@ ABLATIONS = {
     "all_attention_transformer": ("feedback_lm_wiki103",
                                   dict(persistent_vectors=2048, no_feed_forward=True, no_feedback=True)),
 }
+ABLATIONS = {**{name: ("feedback_lm_char_ptb", d) for name, d in CHAR_PTB_ABLATIONS.items()},
+             **WIKITEXT103_ABLATIONS}
+RECIPE_OF = {"feedback_lm_char_ptb": ("char_ptb", 256, 2048, TABLE9_CHARACTERS),  # recipe, --batch-size on 8 GPUs,
+             "feedback_lm_wiki103": ("wikitext103", 64, 512, TABLE9),            # streams per update, its Table 9
+             "feedback_lm_wiki103_large": ("wikitext103", 64, 512, TABLE9)}
 
 
-def wikitext103_train_args():
-    """The WikiText-103 recipe's TRAIN_ARGS=(...), as the shell splits them."""
-    blocks = bash_blocks(REPO / "examples" / "wikitext103" / "README.md")
+def recipe_train_args(recipe):
+    """A recipe's TRAIN_ARGS=(...), as the shell splits them."""
+    blocks = bash_blocks(REPO / "examples" / recipe / "README.md")
     return shlex.split(re.search(r"^TRAIN_ARGS=\((.*?)\)$", "".join(blocks), flags=re.M | re.S).group(1))
 
 
@@ -353,20 +367,55 @@ def test_ablations_recipe(runs, name):
     for call in trains:
         args = parsed_train_args(call)
         arch, differences = ABLATIONS[Path(args.save_dir).name]
-        # the WikiText-103 recipe's 8-GPU command for the model (Table 9's options), and the ablation's flag
-        recipe = parsed_train_args({"written": [*wikitext103_train_args(), "--arch", arch, "--distributed-world-size",
-                                                "8", "--batch-size", "64", "--save-dir", args.save_dir]})
-        assert {k: getattr(recipe, k) for k in TABLE9[arch]} == TABLE9[arch]
-        expected = dict(vars(recipe), **differences)
+        recipe, batch_size, streams, table9 = RECIPE_OF[arch]
+        # the recipe's 8-GPU command for the model (Table 9's options), and the ablation's flags
+        model = parsed_train_args({"written": [*recipe_train_args(recipe), "--arch", arch, "--distributed-world-size",
+                                               "8", "--batch-size", str(batch_size), "--save-dir", args.save_dir]})
+        assert {k: getattr(model, k) for k in table9[arch]} == table9[arch]
+        expected = dict(vars(model), **differences)
         assert {k: v for k, v in vars(args).items() if v != expected[k]} == {}, call["written"]
-        assert call["gpus"] * args.batch_size * args.update_freq[0] == 512, call["written"]
-    test_tokens = sum(len(line.split()) + 1 for line in (run.raw / "wikitext-103" / "wiki.test.tokens")
-                      .read_text().splitlines())
-    for save in ABLATIONS:  # each model scored every test token once, its output kept
+        assert call["gpus"] * args.batch_size * args.update_freq[0] == streams, call["written"]
+    test_tokens = {"feedback_lm_char_ptb": sum(len(line.split()) + 1 for line in fx.char_ptb_lines()["test"]),
+                   "feedback_lm_wiki103": sum(len(line.split()) + 1 for line in (
+                       run.raw / "wikitext-103" / "wiki.test.tokens").read_text().splitlines())}
+    for save, (arch, _) in ABLATIONS.items():  # each model scored every test token once, its output kept
         log = (run.work / "checkpoints" / "ablations" / save / "test.log").read_text()
-        assert f"Evaluated {test_tokens} tokens" in log and "invalid sizes" not in log, save
-    perplexities = score_lines(output, r"Perplexity: ([\d.]+)")  # each model's last line, then the comparison
-    assert len(perplexities) == 2 * len(ABLATIONS) and all(math.isfinite(p) for p in perplexities)
+        assert f"Evaluated {test_tokens[arch.replace('_large', '')]} tokens" in log and "invalid sizes" not in log, save
+    # each char-PTB model's last line and the comparison's, in bits per character; each WikiText-103 model's too,
+    # in perplexity
+    bits = score_lines(output, r"Loss \(base 2\): ([\d.]+) bits per character")
+    assert len(bits) == 2 * len(CHAR_PTB_ABLATIONS) and all(math.isfinite(b) for b in bits)
+    perplexities = score_lines(output, r"test\.log:Perplexity: ([\d.]+)")
+    assert len(perplexities) == len(WIKITEXT103_ABLATIONS) and all(math.isfinite(p) for p in perplexities)
+
+
+@pytest.mark.parametrize("name", ["enwik8"])
+def test_enwik8_recipe(runs, name):
+    run = runs[name]
+    output = run.wait()
+    trains = check_paper_hyperparameters(run)
+    assert {(a.arch, a.no_feedback) for a in map(parsed_train_args, trains)} == {
+        ("feedback_lm_enwik8", False), ("feedback_lm_enwik8", True)}  # the paper's model, and its Transformer
+    check_finetuned(run, trains, output, ["feedback", "transformer"])
+    # the BPTT warm-up: each training's first epoch in the stand-in's short blocks, every later one in the long
+    epochs = re.findall(r"train: \d+ tokens, each scored once, in 32 streams of up to \d+ blocks of (\d+) tokens", output)
+    assert re.fullmatch(r"(S+L+){2}L*", "".join({"32": "S", "64": "L"}[n] for n in epochs)), epochs
+    # every test byte scored once, and the end of the last line, which ends without a newline
+    assert len(re.findall(rf"Evaluated {ENWIK8_SIZES['HELD_OUT']['test'] + 1} tokens", output)) == 2
+    assert len(re.findall(r"Loss \(base 2\): [\d.]+ bits per byte, Perplexity", output)) == 2
+
+
+@pytest.mark.parametrize("name", ["char_ptb"])
+def test_char_ptb_recipe(runs, name):
+    run = runs[name]
+    output = run.wait()
+    trains = check_paper_hyperparameters(run)
+    assert {(a.arch, a.no_feedback) for a in map(parsed_train_args, trains)} == {
+        ("feedback_lm_char_ptb", False), ("feedback_lm_char_ptb", True)}
+    check_finetuned(run, trains, output, ["feedback", "transformer"])
+    test_tokens = sum(len(line.split()) + 1 for line in fx.char_ptb_lines()["test"])
+    assert len(re.findall(rf"Evaluated {test_tokens} tokens", output)) == 2
+    assert len(re.findall(r"Loss \(base 2\): [\d.]+ bits per character, Perplexity", output)) == 2
 
 
 @pytest.mark.parametrize("name", ["debian_de_en"])

@@ -4,8 +4,8 @@
 #
 #     bash examples/results/cpu_tier.sh          # from the repository's root
 #
-# Reads data-bin/debian_de_en and data-bin/debian_docs (made by
-# fairseq_feedback_cli.data_prep.prepare_debian_de_en / prepare_debian_docs), generates the
+# Reads data-bin/debian_de_en, data-bin/debian_docs and data-bin/debian_docs_bytes (made by
+# fairseq_feedback_cli.data_prep.prepare_debian_de_en / prepare_debian_docs [--bytes]), generates the
 # toy tasks, trains, evaluates, and writes into $OUT (default
 # runs/cpu_tier): one folder per model (train.log, checkpoints, test output),
 # the learning curves (plots/*.png) and summary.md (the rows of the page).
@@ -20,6 +20,7 @@ set -euo pipefail
 OUT=${OUT:-runs/cpu_tier}
 DE_EN=${DE_EN:-data-bin/debian_de_en}
 DOCS=${DOCS:-data-bin/debian_docs}
+DOCS_BYTES=${DOCS_BYTES:-data-bin/debian_docs_bytes}
 JOBS=${JOBS:-2}                  # models trained at once, one thread each
 PLUGIN=${PLUGIN:-fairseq_feedback}
 SAVE_EVERY=${SAVE_EVERY:-100}
@@ -46,6 +47,19 @@ LM_TRAIN=${LM_TRAIN:-"--dropout 0.1 --optimizer adam --adam-betas (0.9,0.98) --w
 LM_STREAMS=${LM_STREAMS:-32}     # feedback models: streams x blocks of 64 tokens
 LM_BLOCKS=${LM_BLOCKS:-8}        # transformer_lm: blocks of 256 tokens (the same 2,048 tokens per update)
 
+# Figure 9: depth at constant parameters, on the manuals as bytes. DEPTH_BASE layers have the sizes
+# below; L layers have the same width and heads, and head dimension and FFN times DEPTH_BASE / L.
+DEPTH_UPDATES=${DEPTH_UPDATES:-800}
+DEPTH_VALID_EVERY=${DEPTH_VALID_EVERY:-100}  # a validation and a checkpoint kept: the points of equal wall time
+DEPTH_BASE=${DEPTH_BASE:-6}
+DEPTH_SIZES=${DEPTH_SIZES:-"--decoder-embed-dim 128 --decoder-attention-heads 4"}
+DEPTH_HEAD_DIM=${DEPTH_HEAD_DIM:-32}
+DEPTH_FFN=${DEPTH_FFN:-512}
+DEPTH_TRAIN=${DEPTH_TRAIN:-"--memory-span 256 --dropout 0 --optimizer adam --lr 0.0015 --lr-scheduler fixed
+    --warmup-updates 100 --clip-norm 1.0 --tokens-per-sample 128 --batch-size 16"}
+DEPTH_VALID=${DEPTH_VALID:-"--batch-size-valid 64 --max-valid-steps 5"}  # the first 6 blocks of 64 streams
+DEPTH_EVAL_STREAMS=${DEPTH_EVAL_STREAMS:-16}
+
 # Table 1: the algorithmic task with 3 variables (TOY_*), and the random walk at the demo's size (WALK_*).
 TOY_UPDATES=${TOY_UPDATES:-2000}
 TOY_EVAL_EVERY=${TOY_EVAL_EVERY:-500}
@@ -68,15 +82,17 @@ log() { echo "[cpu_tier $(date +%H:%M:%S)] $*"; }
 
 # train NAME DATA UPDATES ARGS...: fairseq-train into $OUT/NAME; continues from
 # its last checkpoint; a finished run (the marker `trained`) is left alone,
-# since fairseq would train one update more.
+# since fairseq would train one update more. Each process adds its CPU seconds
+# (user and system) to cpu_seconds: a clock that other work on the machine
+# does not stop, where fairseq's wall clock counts the time others took.
 train() {
-    local name=$1 data=$2 updates=$3 save=$OUT/$1
+    local name=$1 data=$2 updates=$3 save=$OUT/$1 TIMEFORMAT="%U %S"
     [ -f "$save/trained" ] && return 0
     mkdir -p "$save"
     log "training $name ($updates updates)"
     # shellcheck disable=SC2068  # the size and option strings split into words on purpose
-    fairseq-train "$data" "${COMMON[@]}" ${@:4} --max-update "$updates" --save-dir "$save" \
-        --log-file "$save/train.log" > "$save/train.out" 2>&1
+    { time fairseq-train "$data" "${COMMON[@]}" ${@:4} --max-update "$updates" --save-dir "$save" \
+        --log-file "$save/train.log" > "$save/train.out" 2>&1; } 2>> "$save/cpu_seconds"
     date -u +%FT%TZ > "$save/trained"
 }
 
@@ -130,6 +146,66 @@ transformer_lm() {
         grep -h "Perplexity" "$save/test.out" | tail -n 1 > "$save/test.ppl.tmp"
         mv "$save/test.ppl.tmp" "$save/test.ppl"
     fi
+}
+
+# --- Figure 9: depth at constant parameters ----------------------------------------------------
+
+bits_per_byte() {  # bits_per_byte CHECKPOINT SPLIT: fairseq-eval-lm's last line, beside the checkpoint
+    local out=${1%.pt}.$2
+    [ -f "$out.bpb" ] && return 0
+    fairseq-eval-lm "$DOCS_BYTES" --user-dir "$PLUGIN" --cpu --task feedback_language_modeling --path "$1" \
+        --gen-subset "$2" --tokens-per-sample 128 --batch-size "$DEPTH_EVAL_STREAMS" > "$out.out" 2>&1
+    grep -h "Loss (base 2)" "$out.out" | tail -n 1 > "$out.bpb.tmp"
+    mv "$out.bpb.tmp" "$out.bpb"
+}
+
+depth() {  # depth NAME LAYERS OPTIONS...: a feedback_lm of LAYERS layers with DEPTH_BASE layers' parameters
+    local name=depth/$1 layers=$2 split
+    if (( DEPTH_BASE * DEPTH_HEAD_DIM % layers || DEPTH_BASE * DEPTH_FFN % layers )); then
+        log "depth $layers: $DEPTH_BASE layers' head dimension $DEPTH_HEAD_DIM and FFN $DEPTH_FFN do not divide by it"
+        return 1
+    fi
+    train "$name" "$DOCS_BYTES" "$DEPTH_UPDATES" --task feedback_language_modeling --arch feedback_lm \
+        --decoder-layers "$layers" $DEPTH_SIZES --head-dim $((DEPTH_BASE * DEPTH_HEAD_DIM / layers)) \
+        --decoder-ffn-embed-dim $((DEPTH_BASE * DEPTH_FFN / layers)) $DEPTH_TRAIN $DEPTH_VALID \
+        --validate-interval-updates "$DEPTH_VALID_EVERY" --save-interval-updates "$DEPTH_VALID_EVERY" \
+        --no-epoch-checkpoints --seed 1 "${@:3}"
+    for split in valid test; do bits_per_byte "$OUT/$name/checkpoint_last.pt" "$split"; done
+}
+
+bpb_of() {  # bpb_of CHECKPOINT SPLIT: the number of its bits_per_byte line
+    grep -o "Loss (base 2): [0-9.]*" "${1%.pt}.$2.bpb" | awk '{print $4}'
+}
+
+depth_rows() {  # depth_rows RUN...: each run at its last update, then at the CPU time the quickest run took
+    local run fastest updates checkpoint
+    local -A cpu
+    echo "| model | parameters | updates | CPU hours | valid bpb | test bpb |"
+    echo "| --- | ---: | ---: | ---: | ---: | ---: |"
+    for run in "$@"; do
+        cpu[$run]=$(awk '{s += $1 + $2} END {print s}' "$run/cpu_seconds")
+        echo "| $(basename "$run") | $(grep -o "model params: [0-9,]*" "$run/train.out" | head -n 1 | cut -d' ' -f3) |" \
+            "$DEPTH_UPDATES | $(awk -v s="${cpu[$run]}" 'BEGIN {printf "%.2f", s / 3600}') |" \
+            "$(bpb_of "$run/checkpoint_last.pt" valid) | $(bpb_of "$run/checkpoint_last.pt" test) |"
+    done
+    fastest=$(printf '%s\n' "${cpu[@]}" | sort -g | head -n 1)
+    echo
+    echo "At the CPU time of the quickest: the last checkpoint of each within $fastest s (CPU time spread evenly over updates)"
+    echo
+    echo "| model | updates | valid bpb | test bpb |"
+    echo "| --- | ---: | ---: | ---: |"
+    for run in "$@"; do
+        updates=$(awk -v t="$fastest" -v c="${cpu[$run]}" -v n="$DEPTH_UPDATES" -v e="$DEPTH_VALID_EVERY" \
+            'BEGIN {print int(t / c * n / e + 1e-9) * e}')
+        checkpoint=$run/checkpoint_last.pt  # the same as checkpoint_1_$DEPTH_UPDATES.pt, evaluated already
+        [ "$updates" -lt "$DEPTH_UPDATES" ] && checkpoint=$(compgen -G "$run/checkpoint_*_$updates.pt" | head -n 1 || true)
+        if [ -z "$checkpoint" ]; then
+            echo "| $(basename "$run") | $updates | no checkpoint | |"
+            continue
+        fi
+        for split in valid test; do bits_per_byte "$checkpoint" "$split"; done
+        echo "| $(basename "$run") | $updates | $(bpb_of "$checkpoint" valid) | $(bpb_of "$checkpoint" test) |"
+    done
 }
 
 # --- Table 1: toy tasks ---------------------------------------------------------------------------
@@ -187,6 +263,9 @@ RUNS=(
     "translation transformer_dec2 transformer 2 1"
     "translation feedback_dec1_seed2 feedback_transformer 1 2"
     "translation transformer_dec1_seed2 transformer 1 2"
+    "depth transformer_2 2 --no-feedback"
+    "depth transformer_6 6 --no-feedback"
+    "depth feedback_2 2 --per-layer-kv"
 )
 
 # RUNS_ONLY: some of these runs, one per line (the summary then reports those)
@@ -235,6 +314,14 @@ logs_of() { local run; for run in "$@"; do echo "$run/train.log"; done; }
         for run in $lm; do echo "$(basename "$run"): $(cat "$run/test.ppl")"; done
         python -m fairseq_feedback_cli.curves log --out "$OUT/plots/debian_docs.png" --metric valid_ppl \
             --title "Debian manuals: validation perplexity" $(logs_of $lm)
+    fi
+    depth=$(runs_of "depth/*")
+    if [ -n "$depth" ]; then
+        echo "## Figure 9 at CPU scale: depth at constant parameters (the Debian manuals as bytes)"
+        depth_rows $depth
+        python -m fairseq_feedback_cli.curves log --out "$OUT/plots/depth.png" --metric valid_loss \
+            --label "valid bits per byte" --clock cpu --title "Debian manuals as bytes: depth at constant parameters" \
+            $(logs_of $depth) > /dev/null
     fi
     toys=$(runs_of "toy/*/*")
     if [ -n "$toys" ]; then

@@ -124,9 +124,14 @@ UNUSED_BY_STREAMS = {"sample_break_mode": "none", "shorten_method": "none", "add
 
 def check_streams(cfg) -> None:
     """The blocks, and the batches of streams of training (and eval-lm) and validation."""
-    block = cfg.task.tokens_per_sample
+    block, warmup = cfg.task.tokens_per_sample, cfg.task.get("bptt_warmup_tokens_per_sample")  # warm-up: block_schedule.py
     if block < 1:
         raise FeedbackUsageError(f"--tokens-per-sample must be at least 1, got {block}")
+    if warmup is not None and warmup < 1:
+        raise FeedbackUsageError(f"--bptt-warmup-tokens-per-sample must be at least 1, got {warmup}")
+    if (warmup is None) != (cfg.task.get("bptt_warmup_updates", 0) <= 0):
+        raise FeedbackUsageError("a BPTT warm-up needs both --bptt-warmup-tokens-per-sample (its block length) and "
+                                 "--bptt-warmup-updates (above 0: how long it lasts); give both or neither")
     for name, off in UNUSED_BY_STREAMS.items():
         if cfg.task.get(name, off) != off:
             raise FeedbackUsageError(f"--task feedback_language_modeling does not use {_flag(name)}: "

@@ -15,22 +15,35 @@ of training and validation apart.
 With --labels the model predicts an aligned target stream instead of the
 next token: at each input position, the label at that position (the paper's
 algorithmic tasks, where the input holds actions and the labels positions).
+
+With --bptt-warmup-tokens-per-sample the blocks are shorter for the epochs
+that begin in the first --bptt-warmup-updates updates (block_schedule.py).
+On character-level data (--token-unit, or the unit the data_prep scripts
+record in DATA/data_prep.json) fairseq-train also logs the loss as bits per
+byte or character (bpb, bpc) and fairseq-eval-lm says so in its result.
 """
 
+import json
+import logging
 import os
 from dataclasses import dataclass, field
 from typing import Optional
 
-from fairseq import utils
+from fairseq import metrics, utils
 from fairseq.data import Dictionary, data_utils
+from fairseq.dataclass import ChoiceEnum
 from fairseq.tasks import register_task
 from fairseq.tasks.language_modeling import LanguageModelingConfig, LanguageModelingTask
 
 from ..errors import FeedbackUsageError
 from ..models.feedback_lm import FeedbackLanguageModel
 from .adaptive_span_loss import AdaptiveSpanLossMixin
+from .block_schedule import BlockSchedule
 from .splits import labels_dictionary, monolingual_split
 from .streams import SplitStream, StreamBatchIterator
+
+BITS_PER = {"byte": "bpb", "character": "bpc"}  # the names the field reports them by
+TOKEN_UNIT = ChoiceEnum(BITS_PER)
 
 
 @dataclass
@@ -42,6 +55,19 @@ class FeedbackLanguageModelingConfig(LanguageModelingConfig):
                           "predict its label instead of the next token"},
     )
     ignore_label: str = field(default="_", metadata={"help": "the label of positions that carry no loss"})
+    bptt_warmup_tokens_per_sample: Optional[int] = field(
+        default=None,
+        metadata={"help": "the paper's BPTT warm-up: blocks of this many tokens in the epochs that begin before "
+                          "--bptt-warmup-updates updates, then --tokens-per-sample (changed only where an epoch "
+                          "begins, so every token is still scored once per epoch)"},
+    )
+    bptt_warmup_updates: int = field(default=0, metadata={"help": "see --bptt-warmup-tokens-per-sample"})
+    token_unit: Optional[TOKEN_UNIT] = field(
+        default=None,
+        metadata={"help": "what a token of the data is, 'byte' or 'character': the loss is then also reported in "
+                          "bits per byte or character (default: the unit the data_prep scripts record in "
+                          "DATA/data_prep.json, if any)"},
+    )
 
 
 @register_task("feedback_language_modeling", dataclass=FeedbackLanguageModelingConfig)
@@ -52,6 +78,11 @@ class FeedbackLanguageModelingTask(AdaptiveSpanLossMixin, LanguageModelingTask):
     wrong_model = ("--task feedback_language_modeling carries each stream's memory from block to block, which only "
                    "--arch feedback_lm (and feedback_lm_*) does: use it (with --no-feedback for the transformer "
                    "baseline), or --task language_modeling")
+
+    def __init__(self, args, dictionary, output_dictionary=None, targets=None):
+        super().__init__(args, dictionary, output_dictionary, targets)
+        self.block_schedule = BlockSchedule(args)
+        self.token_unit = getattr(args, "token_unit", None) or recorded_unit(args.data)
 
     @classmethod
     def setup_dictionary(cls, args, **kwargs):
@@ -91,20 +122,26 @@ class FeedbackLanguageModelingTask(AdaptiveSpanLossMixin, LanguageModelingTask):
             return super().get_batch_iterator(
                 dataset, max_tokens=max_tokens, max_sentences=max_sentences, max_positions=max_positions,
                 num_shards=num_shards, shard_id=shard_id, epoch=epoch, num_workers=num_workers, **kwargs)
-        block = self.args.tokens_per_sample
-        check_block(block, max_positions)
-        rows = max_sentences or max(1, (max_tokens or block) // block)
-        streams = dataset.blocks(block, self.source_dictionary, self.output_dictionary, self.args.ignore_label,
-                                 rows, num_shards, shard_id)
-        return StreamBatchIterator(
-            {"streams": rows * num_shards, "tokens_per_sample": block},
-            dataset=streams,
-            collate_fn=streams.collater,
-            batch_sampler=[[k] for k in range(len(streams))],
-            num_workers=num_workers,
-            epoch=epoch,
-            disable_shuffling=True,  # block k must follow block k-1
-        )
+        for block in self.block_schedule.lengths():
+            check_block(block, max_positions)
+        rows = max_sentences or max(1, (max_tokens or self.args.tokens_per_sample) // self.args.tokens_per_sample)
+
+        def streams_in(block):
+            return dataset.blocks(block, self.source_dictionary, self.output_dictionary, self.args.ignore_label,
+                                  rows, num_shards, shard_id)
+
+        return StreamBatchIterator(streams_in, rows * num_shards, self.block_schedule, num_workers=num_workers,
+                                   epoch=epoch)
+
+    def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
+        self.block_schedule.updates = update_num + 1  # done once this step is, when the next epoch is cut
+        return super().train_step(sample, model, criterion, optimizer, update_num, ignore_grad)
+
+    def reduce_metrics(self, logging_outputs, criterion):
+        super().reduce_metrics(logging_outputs, criterion)
+        if self.token_unit:
+            # fairseq's language-model criteria log the loss per token in base 2
+            metrics.log_derived(BITS_PER[self.token_unit], lambda meters: round(float(meters["loss"].avg), 4))
 
     def eval_lm_dataloader(self, dataset, max_tokens=36000, batch_size=None, max_positions=None,
                            num_shards=1, shard_id=0, num_workers=1, data_buffer_size=10, context_window=0):
@@ -113,6 +150,8 @@ class FeedbackLanguageModelingTask(AdaptiveSpanLossMixin, LanguageModelingTask):
                                      "across blocks; drop the flag")
         if self.args.labels:
             raise FeedbackUsageError("fairseq-eval-lm scores next-token prediction; drop --labels")
+        if self.token_unit:
+            _say_bits_per(self.token_unit)
         return self.get_batch_iterator(dataset, max_tokens=max_tokens, max_sentences=batch_size,
                                        max_positions=max_positions, num_shards=num_shards, shard_id=shard_id,
                                        num_workers=num_workers).next_epoch_itr(shuffle=False)
@@ -123,3 +162,35 @@ def check_block(block, max_positions) -> None:
     if max_positions is not None and block > max_positions:
         raise FeedbackUsageError(f"--tokens-per-sample {block} is longer than the model allows ({max_positions}): "
                                  "use shorter blocks")
+
+
+def recorded_unit(data: str) -> Optional[str]:
+    """The unit of a token a data_prep script recorded with the data (None: none recorded)."""
+    settings = os.path.join(utils.split_paths(data)[0], "data_prep.json")
+    if not os.path.isfile(settings):
+        return None
+    with open(settings) as f:
+        return json.load(f).get("unit")
+
+
+class _BitsPer(logging.Filter):
+    """fairseq-eval-lm prints its result itself, with no hook: its line gets the unit."""
+
+    def __init__(self, unit):
+        super().__init__()
+        self.unit = unit
+
+    def filter(self, record):
+        message = record.getMessage()
+        if message.startswith("Loss (base 2): "):
+            loss, rest = message[len("Loss (base 2): "):].split(",", 1)
+            record.msg, record.args = f"Loss (base 2): {loss} bits per {self.unit},{rest}", ()
+        return True
+
+
+def _say_bits_per(unit):
+    """The unit of this evaluation (an earlier one in the same process may have had another)."""
+    log = logging.getLogger("fairseq_cli.eval_lm")
+    for earlier in [f for f in log.filters if isinstance(f, _BitsPer)]:
+        log.removeFilter(earlier)
+    log.addFilter(_BitsPer(unit))

@@ -67,8 +67,8 @@ class SplitStream(FairseqDataset):
                                      no_loss)
         scored = "each scored once" if self.labels is None else f"each scored once unless labelled '{ignore_label}'"
         cut_to = f" (--tokens-per-sample {asked} cut to the longest stream)" if block < asked else ""
-        logger.info(f"{self.name}: {int(cumulative[-1])} tokens, {scored}, in {num_streams} streams of up to "
-                    f"{steps} blocks of {block} tokens{cut_to} ({rows} streams on this worker)")
+        dataset.summary = (f"{self.name}: {int(cumulative[-1])} tokens, {scored}, in {num_streams} streams of up to "
+                           f"{steps} blocks of {block} tokens{cut_to} ({rows} streams on this worker)")
         return dataset
 
 
@@ -136,28 +136,56 @@ class StreamBlockDataset(FairseqDataset):
 
 
 class StreamBatchIterator(iterators.EpochBatchIterator):
-    """fairseq's epoch iterator, whose state (saved in checkpoints) also holds
-    the layout of the streams: block k of one layout is other tokens than
-    block k of another, so a run resumed mid-epoch in another layout would
-    train some tokens twice and others never."""
+    """fairseq's epoch iterator over the blocks of a split's streams, block k
+    of every stream at step k, cut as the BlockSchedule says for the epoch.
 
-    def __init__(self, layout, **kwargs):
-        super().__init__(**kwargs)
-        self.layout = layout
+    Its state (saved in checkpoints) also holds the layout of the streams and
+    the updates done: block k of one layout is other tokens than block k of
+    another, so an epoch resumed mid-way goes on in the layout it began in
+    (one the schedule gives; any other would train some tokens twice and
+    others never, and is refused), and an epoch resumed at its start is cut
+    as the schedule says after the updates done."""
+
+    def __init__(self, streams_in, streams, schedule, **kwargs):
+        self.streams_in, self.schedule = streams_in, schedule  # streams_in(block): the StreamBlockDataset
+        self.layout = {"streams": streams, "tokens_per_sample": schedule.block()}
+        dataset = streams_in(self.layout["tokens_per_sample"])
+        super().__init__(dataset=dataset, collate_fn=dataset.collater, batch_sampler=_each_block(dataset),
+                         disable_shuffling=True, **kwargs)  # block k must follow block k-1
+
+    def _cut(self, block):
+        self.layout = {**self.layout, "tokens_per_sample": block}
+        self.dataset = self.streams_in(block)
+        self.collate_fn = self.dataset.collater
+        self.batch_sampler = self._frozen_batches = _each_block(self.dataset)
+
+    def next_epoch_itr(self, *args, **kwargs):
+        epoch = super().next_epoch_itr(*args, **kwargs)
+        logger.info(self.dataset.summary)
+        return epoch
 
     def state_dict(self):
-        return {**super().state_dict(), "layout": self.layout}
+        return {**super().state_dict(), "layout": self.layout, "updates": self.schedule.updates}
 
     def load_state_dict(self, state_dict):
         saved, blocks = state_dict.get("layout"), state_dict.get("iterations_in_epoch", 0)
+        self.schedule.updates = state_dict.get("updates", self.schedule.updates)
         if blocks > 0 and saved is not None and saved != self.layout:
-            raise FeedbackUsageError(
-                f"the checkpoint stopped {blocks} blocks into epoch {state_dict['epoch']} with "
-                f"{_describe(saved)}; this run would continue in {_describe(self.layout)}, training some "
-                f"tokens twice: resume with --tokens-per-sample {saved['tokens_per_sample']} and "
-                f"{saved['streams']} streams (--batch-size x workers), or pass --reset-dataloader "
-                "to start the data over at epoch 1")
+            if saved["streams"] != self.layout["streams"] or saved["tokens_per_sample"] not in self.schedule.lengths():
+                raise FeedbackUsageError(
+                    f"the checkpoint stopped {blocks} blocks into epoch {state_dict['epoch']} with "
+                    f"{_describe(saved)}; this run would continue in {_describe(self.layout)}, training some "
+                    f"tokens twice: resume with --tokens-per-sample {saved['tokens_per_sample']} and "
+                    f"{saved['streams']} streams (--batch-size x workers), or pass --reset-dataloader "
+                    "to start the data over at epoch 1")
+            self._cut(saved["tokens_per_sample"])
+        elif blocks == 0 and self.schedule.block() != self.layout["tokens_per_sample"]:
+            self._cut(self.schedule.block())
         super().load_state_dict(state_dict)
+
+
+def _each_block(dataset):
+    return tuple([k] for k in range(len(dataset)))
 
 
 def _describe(layout):

@@ -18,7 +18,10 @@ and keeps its paragraphs that read as English prose:
   pages is never tested on after being trained on;
 - one paragraph per line, pages in order, Moses-tokenized (case kept), BPE
   (subword-nmt) learnt on train, fairseq-preprocess --only-source: the data
-  of `--task feedback_language_modeling` and of fairseq's language_modeling.
+  of `--task feedback_language_modeling` and of fairseq's language_modeling;
+  or, with --bytes, the paragraphs as they are, one token per byte of their
+  UTF-8, as enwik8 (data_prep/characters.py; default dest
+  data-bin/debian_docs_bytes).
 
 It prints, and writes to DEST/counts.json, what each package gave and the
 paragraphs and words of each split; DEST/data_prep.json names every package
@@ -38,6 +41,8 @@ if __package__ in (None, ""):  # run as a file: make the data_prep package impor
 
 from fairseq_feedback_cli.command_line import fail
 from fairseq_feedback_cli.data_prep import debian
+from fairseq_feedback_cli.data_prep.characters import (binarize_characters, byte_dictionary, byte_tokens,
+                                                       write_bytes, write_dictionary)
 from fairseq_feedback_cli.data_prep.arguments import log, make_parser, resolve_dirs, run_cli
 from fairseq_feedback_cli.data_prep.steps import binarize, dest_is_done, step
 from fairseq_feedback_cli.data_prep.text import apply_bpe, learn_bpe, tokenize, write_lines
@@ -117,7 +122,7 @@ def pages(inp: debian.Input):
         yield inp.name, inp.path.read_bytes()
 
 
-def make_text(out: Path, inputs, workers: int) -> None:
+def make_text(out: Path, inputs, workers: int, moses: bool = True) -> None:
     texts = {split: [] for split in debian.SPLITS}
     rows, dropped = [], Counter()
     for inp in inputs:
@@ -141,7 +146,8 @@ def make_text(out: Path, inputs, workers: int) -> None:
     for row in rows:
         row["words"] = words[row["package"]]
     for split, kept in texts.items():
-        write_lines(out / f"{split}.txt", tokenize([p for p, _ in kept], workers, split, lang="en"))
+        prose = [p for p, _ in kept]
+        write_lines(out / f"{split}.txt", tokenize(prose, workers, split, lang="en") if moses else prose)
     counts = {"inputs": rows,
               "paragraphs": {s: len(t) for s, t in texts.items()},
               "words": {s: sum(len(p.split()) for p, _ in t) for s, t in texts.items()},
@@ -153,6 +159,14 @@ def make_bpe(out: Path, text: Path, merges: int, workers: int) -> None:
     learn_bpe([text / "train.txt"], out / "code", merges, workers)
     for split in debian.SPLITS:
         apply_bpe(out / "code", text / f"{split}.txt", out / f"{split}.txt", workers)
+
+
+def make_bytes(out: Path, text: Path) -> None:
+    data = {split: (text / f"{split}.txt").read_bytes() for split in debian.SPLITS}
+    for split in debian.SPLITS:
+        write_bytes(data[split], out / f"{split}.txt")
+    write_dictionary(byte_dictionary(data["train"]), out / "dict.txt")
+    (out / "tokens.json").write_text(json.dumps({split: byte_tokens(data[split]) for split in debian.SPLITS}) + "\n")
 
 
 def report(counts: dict) -> None:
@@ -167,17 +181,29 @@ def main(argv=None) -> None:
     parser = make_parser(NAME, __doc__)
     debian.add_arguments(parser, PACKAGES)
     parser.add_argument("--bpe-merges", type=int, default=16000, help="BPE merges (default: %(default)s)")
+    parser.add_argument("--bytes", action="store_true", help="one token per byte of the paragraphs' text, "
+                        "without tokenization or BPE (default dest: data-bin/debian_docs_bytes)")
     args = parser.parse_args(argv)
+    if args.bytes and args.dest == parser.get_default("dest"):
+        args.dest = args.dest.with_name(NAME + "_bytes")
     resolve_dirs(args)
     inputs = debian.gather(args, HTML)
-    text_settings = {"dataset": NAME, "sources": debian.manifest(inputs)}
-    settings = {**text_settings, "bpe_merges": args.bpe_merges}
+    text_settings = {"dataset": NAME, "sources": debian.manifest(inputs), **({"unit": "byte"} if args.bytes else {})}
+    settings = text_settings if args.bytes else {**text_settings, "bpe_merges": args.bpe_merges}
     if dest_is_done(args.dest, settings):
         return
-    text = step(args.work / "text", functools.partial(make_text, inputs=inputs, workers=args.workers), text_settings)
+    text = step(args.work / "text", functools.partial(make_text, inputs=inputs, workers=args.workers,
+                                                      moses=not args.bytes), text_settings)
     counts = json.loads((text / "counts.json").read_text())
     if not all(counts["paragraphs"].values()):
         fail(f"a split has no text ({counts['paragraphs']} paragraphs): the inputs need more HTML pages of prose")
+    if args.bytes:
+        made = step(args.work / "bytes", functools.partial(make_bytes, text=text), settings)
+        binarize_characters(args.dest, settings, {split: made / f"{split}.txt" for split in debian.SPLITS},
+                            made / "dict.txt", args.workers, json.loads((made / "tokens.json").read_text()),
+                            extra_files=[text / "counts.json"])
+        report(counts)
+        return
     bpe = step(args.work / "bpe", functools.partial(make_bpe, text=text, merges=args.bpe_merges,
                                                     workers=args.workers), settings)
     binarize(args.dest, settings,

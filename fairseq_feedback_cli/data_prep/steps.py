@@ -10,7 +10,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Callable, Iterator, List, Sequence
+from typing import Callable, Iterator, List, Optional, Sequence
 
 from fairseq_feedback_cli.command_line import fail
 from fairseq_feedback_cli.outputs import atomic_folder
@@ -95,8 +95,9 @@ def dest_is_done(dest: Path, settings: dict) -> bool:
 
 
 def binarize(dest: Path, settings: dict, preprocess_args: List[str], workers: int,
-             extra_files: Sequence[Path] = ()) -> None:
-    """Run fairseq-preprocess into a folder that becomes dest when complete."""
+             extra_files: Sequence[Path] = (), check: Optional[Callable[[Path], None]] = None) -> None:
+    """Run fairseq-preprocess into a folder that becomes dest when complete
+    (and, given `check`, when check(folder) found what it made right)."""
     with atomic_folder(dest) as tmp:
         # the same interpreter as ours, so the fairseq we were installed with
         cmd = [sys.executable, "-m", "fairseq_cli.preprocess", *preprocess_args,
@@ -105,6 +106,8 @@ def binarize(dest: Path, settings: dict, preprocess_args: List[str], workers: in
         rc = subprocess.run(cmd).returncode
         if rc != 0:
             fail(f"fairseq-preprocess failed with exit status {rc} (its messages are above)")
+        if check is not None:
+            check(tmp)
         for f in extra_files:
             shutil.copy2(f, tmp / f.name)
         (tmp / SETTINGS_FILE).write_text(json.dumps(settings, indent=1, sort_keys=True) + "\n")

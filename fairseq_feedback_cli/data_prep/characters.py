@@ -1,0 +1,91 @@
+"""Character-level data as the field prepares it, for fairseq-preprocess.
+
+Bytes are written as Transformer-XL's prep_enwik8.py writes them: each byte
+as its number, a space between, and a newline byte as the end of a line,
+which fairseq turns into its end-of-line token, so a split's tokens are its
+bytes and a base-2 loss per token is bits per byte. (A split whose last byte
+is no newline gets one end-of-line token more: fairseq ends every line with
+one.) Text already written one character per token (char-PTB) is binarized
+as it is. Either way with a dictionary of every symbol (every byte), given
+to fairseq-preprocess as --srcdict, so that no valid or test symbol becomes
+<unk>; the dest records its unit ("byte" or "character") in data_prep.json,
+from which the feedback_language_modeling task reports bits per byte or per
+character.
+"""
+
+import collections
+from pathlib import Path
+from typing import Dict, Iterable
+
+import numpy as np
+from fairseq.data import Dictionary, data_utils
+
+from fairseq_feedback_cli.command_line import fail
+
+from .arguments import log
+from .steps import binarize
+
+NEWLINE = ord("\n")
+BYTE = [str(b) for b in range(256)]
+
+
+def write_bytes(data: bytes, path: Path) -> None:
+    """`data` as prep_enwik8.py writes it: one number per byte, one line per newline."""
+    with open(path, "w", encoding="ascii", newline="\n") as f:
+        for line in data.split(b"\n")[:-1] if data.endswith(b"\n") else data.split(b"\n"):
+            f.write(" ".join(map(BYTE.__getitem__, line)) + "\n")
+
+
+def byte_tokens(data: bytes) -> int:
+    """The tokens write_bytes makes of `data` for fairseq: a byte each, and an end of line after a last line."""
+    return len(data) + (bool(data) and not data.endswith(b"\n"))
+
+
+def byte_dictionary(train: bytes) -> Dict[str, int]:
+    """Every byte but the newline (the end-of-line token), with its count in train."""
+    counts = np.bincount(np.frombuffer(train, dtype=np.uint8), minlength=256)
+    return {BYTE[b]: int(counts[b]) for b in range(256) if b != NEWLINE}
+
+
+def symbol_dictionary(texts: Dict[str, Path]) -> Dict[str, int]:
+    """Every symbol of the splits' files, with its count in train (0: only in valid or test)."""
+    counts = {split: collections.Counter() for split in texts}
+    for split, path in texts.items():
+        with open(path, encoding="utf-8", newline="\n") as f:
+            for line in f:
+                counts[split].update(line.split())
+    symbols = counts["train"].most_common()
+    seen = set(counts["train"])
+    symbols += sorted((s, 0) for split in texts for s in counts[split] if s not in seen and not seen.add(s))
+    return dict(symbols)
+
+
+def write_dictionary(symbols: Dict[str, int], path: Path) -> None:
+    with open(path, "w", encoding="utf-8", newline="\n") as f:
+        f.writelines(f"{symbol} {count}\n" for symbol, count in symbols.items())
+
+
+def token_counts(folder: Path, splits: Iterable[str]) -> Dict[str, int]:
+    """The tokens of each binarized split, as fairseq-train and fairseq-eval-lm count them."""
+    dictionary = Dictionary.load(str(folder / "dict.txt"))
+    counts = {}
+    for split in splits:
+        dataset = data_utils.load_indexed_dataset(str(folder / split), dictionary)
+        counts[split] = int(dataset.sizes.sum())  # while the dataset holds the file its sizes are read from
+    return counts
+
+
+def binarize_characters(dest: Path, settings: dict, texts: Dict[str, Path], dictionary: Path, workers: int,
+                        expected: Dict[str, int], extra_files=()) -> None:
+    """fairseq-preprocess --only-source of `texts` with the dictionary `dictionary`,
+    into dest only if each split holds the `expected` tokens."""
+    def check(folder: Path) -> None:
+        counts = token_counts(folder, texts)
+        if counts != expected:
+            fail("the binarized splits hold " + ", ".join(f"{s} {n:,}" for s, n in counts.items())
+                 + " tokens, expected " + ", ".join(f"{s} {n:,}" for s, n in expected.items()))
+        log("tokens: " + ", ".join(f"{split} {n:,}" for split, n in counts.items()))
+
+    binarize(dest, settings, ["--only-source", "--srcdict", str(dictionary),
+                              *(arg for split, path in texts.items() for arg in (f"--{split}pref", str(path)))],
+             workers, extra_files, check=check)
