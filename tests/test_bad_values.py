@@ -473,8 +473,10 @@ CASES = {
     # fairseq's trainer saves crash.pt in --save-dir as the update fails: the folder goes all the same
     "lm --criterion legacy_masked_lm_loss (the first batch)": lm(
         "--criterion", "legacy_masked_lm_loss", message="KeyError: 'lm_target' (in fairseq.criterions.legacy_masked_lm"),
-    "generate --print-alignment (the first batch)": Case("generate", [*GENERATE, "--print-alignment"],
-                                                         "(in fairseq.sequence_generator; "),
+    "generate --score-reference --print-alignment": Case(
+        "generate", [*GENERATE, "--score-reference", "--print-alignment"], "returns its alignments as it decodes"),
+    "generate --constraints without constraints in the input (the first batch)": Case(
+        "generate", [*GENERATE, "--constraints"], "(in fairseq.search; "),
     "lm --best-checkpoint-metric nosuch (validation mid-epoch)": lm(
         "--max-update", "3", "--validate-interval-updates", "1", "--best-checkpoint-metric", "nosuch",
         message="KeyError: 'nosuch' (in fairseq_cli.train; check --best-checkpoint-metric nosuch"),
@@ -678,7 +680,7 @@ def test_a_failed_generate_removes_the_results_file_it_wrote_and_only_that(files
     results.mkdir()
     (results / "notes.txt").write_text("mine\n")
     argv = [a.format(**files) for a in GENERATE] + ["--results-path", results]
-    failed = in_process("generate", [*argv, "--print-alignment"])
+    failed = in_process("generate", [*argv, "--constraints"])
     assert failed.returncode != 0 and "Traceback" not in failed.stderr, failed.stderr[-3000:]
     assert sorted(os.listdir(results)) == ["notes.txt"]
     (results / "generate-test.txt").write_text("an earlier run's\n")

@@ -35,7 +35,7 @@ def recording_blocks():
     def recorded(task, sample, model, criterion, optimizer, update_num, ignore_grad=False):
         target = sample["target"]
         words = [[task.dictionary[t] for t in row if t != task.dictionary.pad()] for row in target.tolist()]
-        seen.append((update_num + 1, sample["net_input"]["block"], target.size(1), words))
+        seen.append((update_num + 1, sample["net_input"]["block_index"], target.size(1), words))
         return train_step(task, sample, model, criterion, optimizer, update_num, ignore_grad)
 
     with pytest.MonkeyPatch.context() as m:

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers import DEPTHS, batch, tiny_translation_model
-from fairseq.sequence_generator import SequenceGenerator
+from fairseq.sequence_generator import SequenceGenerator, SequenceGeneratorWithAlignment
 
 VARIANTS = {
     "shared kv, post-norm": [],
@@ -106,12 +106,14 @@ def test_beam_search_scores_equal_teacher_forced_scores(flags):
             torch.testing.assert_close(hypo["positional_scores"], scores, atol=1e-4, rtol=0)
 
 
-def reference_log_probs(model, src, src_lengths, prev):
+def reference_log_probs(model, src, src_lengths, prev, alignment=(None, None)):
     """Section 3.3 written plainly, with torch.cat, reusing only the model's
     parameters: m_t = sum_l c_l x_t^l, with c = softmax(w) (eq. 1), or the
     average, or one layer; layer l at step t attends to [m_{t-span}, ...,
     m_{t-1}] (m_{-1} = 0) through k = W_k m, v = W_v m, plus its persistent
-    vectors; an adaptive span scales the attention weights by its soft mask."""
+    vectors; an adaptive span scales the attention weights by its soft mask.
+    Also the encoder attention's weights of the layer `alignment` names
+    (layer, heads), averaged over its first heads: [rows, steps, src_len]."""
     dec = model.decoder
     encoder_out = model.encoder(src, src_lengths)
     enc, enc_pad = encoder_out["encoder_out"][0], encoder_out["encoder_padding_mask"][0]
@@ -150,7 +152,9 @@ def reference_log_probs(model, src, src_lengths, prev):
 
     span = dec.current_span()
     memories = torch.zeros(1, rows, dec.embed_dim)  # m_{-1}
-    outputs = []
+    outputs, aligned = [], []
+    aligned_layer, aligned_heads = alignment
+    aligned_layer = L - 1 if aligned_layer is None else aligned_layer
     for t in range(steps):
         window = memories[-span:]
         kv = mem.kv_proj(mem.layer_norm(window) if pre_norm else window)
@@ -179,6 +183,10 @@ def reference_log_probs(model, src, src_lengths, prev):
             ek = ea.k_proj(enc).view(-1, rows, ea.num_heads, ea.head_dim).permute(1, 2, 0, 3)
             ev = ea.v_proj(enc).view(-1, rows, ea.num_heads, ea.head_dim).permute(1, 2, 0, 3)
             pad_bias = enc_pad[:, None, :].float() * -1e9
+            if l == aligned_layer:
+                q = ea.q_proj(layer.encoder_attn_layer_norm(h) if pre_norm else h).view(rows, ea.num_heads, -1)
+                weights = torch.softmax(torch.einsum("bhd,bhnd->bhn", q, ek) / math.sqrt(ea.head_dim) + pad_bias, -1)
+                aligned.append(weights[:, :aligned_heads].mean(1))
             h = sublayer(h, layer.encoder_attn_layer_norm, lambda x: ea.out_proj(
                 attention(ea.q_proj(x).view(rows, ea.num_heads, ea.head_dim), ek, ev, pad_bias)))
             if layer.fc1 is not None:
@@ -190,7 +198,7 @@ def reference_log_probs(model, src, src_lengths, prev):
     x = torch.stack(outputs)
     if dec.layer_norm is not None:
         x = dec.layer_norm(x)
-    return F.log_softmax(dec.output_layer(x.transpose(0, 1)), dim=-1)
+    return F.log_softmax(dec.output_layer(x.transpose(0, 1)), dim=-1), torch.stack(aligned, 1)
 
 
 @pytest.mark.parametrize("depth", DEPTHS.values(), ids=DEPTHS.keys())
@@ -213,7 +221,7 @@ def test_gradients_equal_a_plain_reference(flags, span, depth):
 
     got_lp = teacher_forced(model, src, src_lengths, prev)
     got = gradients(got_lp)
-    expected_lp = reference_log_probs(model, src, src_lengths, prev)
+    expected_lp, _ = reference_log_probs(model, src, src_lengths, prev)
     expected = gradients(expected_lp)
     torch.testing.assert_close(got_lp, expected_lp, atol=1e-5, rtol=0)
     assert got.keys() == expected.keys()
@@ -221,6 +229,80 @@ def test_gradients_equal_a_plain_reference(flags, span, depth):
     assert ("decoder.memory.layer_weights" in got) == (model.decoder.cfg.memory_composition == "weighted")
     for name in expected:
         torch.testing.assert_close(got[name], expected[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+ALIGNED = {"the top layer, all heads": (None, None), "layer 0, its first head": (0, 1)}
+
+
+@pytest.mark.parametrize("graphs", ["off", "emulate"], ids=["eagerly", "through the graphs"])
+@pytest.mark.parametrize("alignment", ALIGNED.values(), ids=ALIGNED.keys())
+@pytest.mark.parametrize("depth", DEPTHS.values(), ids=DEPTHS.keys())
+@pytest.mark.parametrize("flags", [[], *(VARIANTS[v] for v in ("per-layer kv, pre-norm", "adaptive span",
+                                                               "persistent vectors, all-attention"))],
+                         ids=["shared kv, post-norm", "per-layer kv, pre-norm", "adaptive span", "persistent vectors"])
+def test_decoding_returns_the_alignment_layers_encoder_attention_averaged_over_heads(flags, depth, alignment, graphs):
+    """What fairseq-generate --print-alignment prints, as fairseq's transformer returns it: at each step the
+    encoder attention of the alignment layer, averaged over heads, equal to a plain reference's, whether the
+    step runs eagerly or as a captured graph (emulated: captured at the second step, replayed after)."""
+    model, d = tiny_translation_model("--memory-span", "4", *flags, layers=depth)
+    train_spans(model)
+    model.eval()
+    model.decoder.use_cuda_graphs(graphs)
+    src, src_lengths, prev = batch(d)
+    _, expected = reference_log_probs(model, src, src_lengths, prev, alignment)
+    encoder_out, state, steps = model.encoder(src, src_lengths), {}, []
+    with torch.no_grad():  # as in a search
+        for t in range(prev.size(1)):
+            _, extra = model.decoder(prev[:, : t + 1], encoder_out=encoder_out, incremental_state=state,
+                                     alignment_layer=alignment[0], alignment_heads=alignment[1])
+            steps.append(extra["attn"][0])
+    torch.testing.assert_close(torch.cat(steps, 1), expected, atol=1e-5, rtol=0)
+    assert graphs == "off" or model.graph_statistics().captured > 0
+
+
+def aligned_beam_search(model, d, src, src_lengths, shrinking=True):
+    generator = SequenceGeneratorWithAlignment([model], d, beam_size=3, max_len_b=12)
+    hypos = generator.generate([model], {"net_input": {"src_tokens": src, "src_lengths": src_lengths}})
+    assert not shrinking or len({len(h[0]["tokens"]) for h in hypos}) > 1, "the shrinking beam went untested"
+    for nbest in hypos:
+        for hypo in nbest:  # weights over the source, a pair for each target token but EOS
+            torch.testing.assert_close(hypo["attention"].sum(0), torch.ones(hypo["attention"].size(1)))
+            assert {t for _, t in hypo["alignment"]} == set(range(len(hypo["tokens"]) - 1))
+    return hypos
+
+
+@pytest.mark.parametrize("flags", [[], ["--per-layer-kv", "--decoder-normalize-before"]], ids=["shared", "per-layer"])
+def test_beam_search_alignments_are_the_same_eagerly_and_through_the_graphs(flags):
+    """fairseq's SequenceGeneratorWithAlignment (--print-alignment) over a beam whose sentences finish at
+    different steps: every hypothesis gets its alignment, and the graphs give eager's."""
+    model, d = tiny_translation_model("--memory-span", "5", *flags)
+    model.eval()
+    model.decoder.output_projection.weight.data[d.eos()] *= 4
+    src, src_lengths, _ = batch(d, rows=4)
+    model.decoder.use_cuda_graphs("off")
+    eager = aligned_beam_search(model, d, src, src_lengths)
+    model.decoder.use_cuda_graphs("emulate")
+    graphed = aligned_beam_search(model, d, src, src_lengths)
+    assert model.graph_statistics().captured > 0
+    for a, b in zip((h for nbest in eager for h in nbest), (h for nbest in graphed for h in nbest)):
+        assert torch.equal(a["tokens"], b["tokens"]) and a["alignment"] == b["alignment"]
+        torch.testing.assert_close(a["attention"], b["attention"], atol=1e-5, rtol=0)
+
+
+def test_the_transformer_baselines_beam_search_shares_encoder_keys_and_aligns():
+    """--no-feedback's beam search, whose hypotheses share their sentence's encoder keys and values (a beam
+    over 1 once failed there), gives its teacher-forced scores and its alignments (its sentences end together:
+    test_reorder_follows_hypotheses_when_the_batch_shrinks reorders its shrinking batch)."""
+    model, d = tiny_translation_model("--memory-span", "5", "--no-feedback")
+    model.eval()
+    src, src_lengths, _ = batch(d, rows=4)
+    for i, nbest in enumerate(aligned_beam_search(model, d, src, src_lengths, shrinking=False)):
+        for hypo in nbest:
+            tokens = hypo["tokens"]
+            prev = torch.cat([tokens.new_tensor([d.eos()]), tokens[:-1]]).unsqueeze(0)
+            lprobs = teacher_forced(model, src[i : i + 1], src_lengths[i : i + 1], prev)[0]
+            scores = lprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)
+            torch.testing.assert_close(hypo["positional_scores"], scores, atol=1e-4, rtol=0)
 
 
 def test_layerdrop_trains_and_decodes():

@@ -225,6 +225,7 @@ INTERRUPTED_AT = """
 import importlib, logging, os, runpy, signal, sys
 
 logging.basicConfig(level=logging.INFO, stream=sys.stdout)  # as fairseq's tools log, before fairseq is imported here
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as a terminal's Ctrl-C (a test runner may ignore it)
 where, sig, at, tool, *argv = sys.argv[1:]
 module, qualified = where.split(":")
 owner, method = qualified.split(".")

@@ -78,6 +78,35 @@ def test_interactive_translates_stdin(trained):
     assert all(word.startswith("t") for h in hypotheses for word in h.split())
 
 
+def printed_alignments(tool, data, checkpoints, cuda_graphs, stdin=""):
+    """Each sentence's source, hypothesis and alignment (S, H, A lines, scores left out) of fairseq-generate
+    or fairseq-interactive --print-alignment, the loop run eagerly or through the graphs' path (emulated on
+    the CPU)."""
+    out = run(tool, data, "--path", checkpoints / "checkpoint_last.pt", "--source-lang", "src", "--target-lang", "tgt",
+              "--beam", 5, "--cpu", "--print-alignment", "--model-overrides", f"{{'cuda_graphs': '{cuda_graphs}'}}",
+              stdin=stdin).stdout
+    # a hypothesis's score differs by rounding between the two
+    return [[kind, fields[-1]] for kind, *fields in (line.split("\t") for line in out.splitlines())
+            if kind[:2] in ("S-", "H-", "A-")]
+
+
+@pytest.mark.parametrize("tool, stdin", [("generate", ""), ("interactive", "s1 s2 s3\ns4 s5 s6 s7\n")])
+def test_print_alignment_prints_the_same_alignments_eagerly_and_through_the_graphs(trained, tool, stdin):
+    """fairseq's --print-alignment, as for its transformer: a source position for every target word."""
+    data, checkpoints, _ = trained
+    eager = printed_alignments(tool, data, checkpoints, "off", stdin)
+    assert eager == printed_alignments(tool, data, checkpoints, "emulate", stdin)
+    sentences = {}
+    for kind, *fields in eager:
+        sentences.setdefault(kind.split("-")[1], {})[kind[0]] = fields
+    assert len(sentences) >= 2 and all(set(lines) == {"S", "H", "A"} for lines in sentences.values())
+    for lines in sentences.values():
+        source, target = lines["S"][-1].split(), lines["H"][-1].split()
+        pairs = [tuple(map(int, pair.split("-"))) for pair in lines["A"][-1].split()]
+        assert {t for _, t in pairs} == set(range(len(target)))
+        assert all(s < len(source) for s, _ in pairs)
+
+
 def test_hub_interface_translates_as_interactive_does(trained):
     data, checkpoints, _ = trained
     hub = FeedbackTransformerModel.from_pretrained(str(checkpoints), "checkpoint_last.pt", str(data))

@@ -666,6 +666,11 @@ def check_read_as_trained(cfg, checkpoint, tool) -> None:
                                  f"drop --labels {given}")
     if tool in ("generate", "interactive"):
         check_direction(cfg, recorded, checkpoint)
+    generation = cfg.get("generation") or {}
+    if (tool == "generate" and generation.get("score_reference") and generation.get("print_alignment")
+            and str(_option(recorded.model, "arch", "")).startswith("feedback_transformer")):
+        raise FeedbackUsageError(f"{checkpoint} returns its alignments as it decodes, and --score-reference scores "
+                                 "the references teacher-forced: drop --print-alignment, or --score-reference")
     check_overrides(cfg, recorded, checkpoint)
 
 

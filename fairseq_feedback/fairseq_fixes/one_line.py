@@ -55,7 +55,12 @@ PATH_FIXES = {
 
 def one_line(exc: BaseException):
     """The line that ends a tool on `exc`, or None where its traceback must show."""
-    if os.environ.get(TRACEBACK) or not isinstance(exc, Exception):  # Ctrl-C, exit: as Python shows them
+    if os.environ.get(TRACEBACK):
+        return None
+    if isinstance(exc, KeyboardInterrupt):  # Ctrl-C, or a kill (runs.py), wherever it landed
+        return ("interrupted: what the run had finished is kept, and nothing it left looks finished "
+                "(fairseq-train resumes from its newest complete checkpoint when run again)")
+    if not isinstance(exc, Exception):  # an exit: as Python shows it
         return None
     raised = origin.raised(exc)
     if raised.carried:  # from a rank, or a DataLoader worker: as text
@@ -72,9 +77,6 @@ def _named_mistake(exc: Exception):
     """The line for a mistake that this plugin names with its fix."""
     if isinstance(exc, FeedbackUsageError):
         return str(exc)
-    if isinstance(exc, KeyboardInterrupt):  # Ctrl-C, or a kill (runs.py)
-        return ("interrupted: what the run had finished is kept, and nothing it left looks finished "
-                "(fairseq-train resumes from its newest complete checkpoint when run again)")
     if isinstance(exc, OSError) and exc.filename and exc.errno in PATH_FIXES:
         return _path_refused(exc)
     if isinstance(exc, FileNotFoundError):

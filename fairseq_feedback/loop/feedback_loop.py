@@ -18,6 +18,7 @@ from typing import Iterator, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor, nn
 
+from ..modules.feedback_attention import Alignment
 from ..modules.feedback_memory import FeedbackMemory
 from ..modules.key_value_buffer import KeyValueBuffer
 from ..modules.memory_decoder_layer import MemoryDecoderLayer, per_layer
@@ -78,7 +79,7 @@ class FeedbackLoop:
         return buffer, buffer.append(kv, self.span)
 
     def block(self, x: Tensor, buffer: KeyValueBuffer, window: Tuple[Tensor, ...], encoder_kv: Optional[Tensor],
-              encoder_bias: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+              encoder_bias: Optional[Tensor], alignment: Optional[Alignment] = None) -> Tuple[Tensor, Tensor]:
         """Section 3.3, one step at a time.
 
         Args:
@@ -90,6 +91,8 @@ class FeedbackLoop:
             encoder_kv: every layer's encoder keys and values,
                 [layers, 2, sentences, num_heads, src_len, head_dim], or None.
             encoder_bias: their padding mask as a bias, [sentences, 1, 1, src_len], or None.
+            alignment: where fairseq's alignment layer puts its encoder
+                attention's weights (decoding), or None.
 
         Returns:
             the top layer's outputs and the memory vectors m_t, [tgt_len, bsz, embed_dim] each.
@@ -103,7 +106,7 @@ class FeedbackLoop:
         span_biases = [None if mask is None else full_window.span_bias(mask) for mask in span_masks]
         positions = None if self.key_positions is None else full_window.positions(self.key_positions)[0]
         loop = (FusedFeedbackLoop if self.fused else ReferenceLoop)(
-            self.memory, self.layers, buffer, window, span, positions, span_biases, weights)
+            self.memory, self.layers, buffer, window, span, positions, span_biases, weights, alignment)
         return loop(x, encoder_kv, encoder_bias)
 
     def block_from(self, x: Tensor, initial: Tensor, encoder_kv: Optional[Tensor], encoder_bias: Optional[Tensor],
@@ -153,7 +156,7 @@ class FeedbackLoop:
             self.key_positions = key_positions
 
     def step(self, x: Tensor, window: Tuple[Tensor, ...], distance: Tensor, encoder_kv: Optional[Tensor],
-             encoder_bias: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+             encoder_bias: Optional[Tensor], alignment: Optional[Alignment] = None) -> Tuple[Tensor, Tensor]:
         """One step over slots of a ring of fixed shape (CUDA graphs:
         static_memory.py), those out of span masked. A search's step runs the
         fused layers, which keep nothing for a backward and draw no dropout.
@@ -162,7 +165,7 @@ class FeedbackLoop:
             x: the step's inputs, [bsz, embed_dim].
             window: every slot, one [bsz, num_heads, slots, head_dim] view per plane.
             distance: how many steps back each slot lies, [slots].
-            encoder_kv, encoder_bias: as `block` takes them.
+            encoder_kv, encoder_bias, alignment: as `block` takes them.
 
         Returns:
             the top layer's output [bsz, embed_dim], and the keys and values of
@@ -175,5 +178,5 @@ class FeedbackLoop:
         searching = not (torch.is_grad_enabled() or self.memory.training)
         step = fused_step if searching and self.fused else reference_step
         h, m = step(x, views, self.layers, per_layer(encoder_kv, len(self.layers)), encoder_bias, self.memory,
-                    self.memory.mixing_weights())
+                    self.memory.mixing_weights(), alignment)
         return h, self.memory.project(m.unsqueeze(0))

@@ -50,6 +50,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from ..modules.feedback_attention import Alignment, aligned
 from ..modules.key_value_buffer import KeyValueBuffer
 from ..modules.memory_decoder_layer import per_layer
 from .fused_layer import FusedLayer, weighted
@@ -129,7 +130,7 @@ def encoder_reads(encoder_kv: Sequence[Optional[Tuple[Tensor, Tensor]]], encoder
 
 
 def fused_step(x: Tensor, views: Sequence, layers: Sequence, encoder_kv: Sequence, encoder_bias: Optional[Tensor],
-               memory, weights: Tensor) -> Tuple[Tensor, Tensor]:
+               memory, weights: Tensor, alignment: Optional[Alignment] = None) -> Tuple[Tensor, Tensor]:
     """reference.reference_step through the fused layers, without gradients
     or dropout (a search's step).
 
@@ -139,10 +140,11 @@ def fused_step(x: Tensor, views: Sequence, layers: Sequence, encoder_kv: Sequenc
         the top layer's output and m_t, [bsz, embed_dim] each.
     """
     states, bsz = [x], x.size(0)
-    for layer, view, encoder_read in zip(layers, views, encoder_reads(encoder_kv, encoder_bias, bsz)):
+    for i, (layer, view, encoder_read) in enumerate(zip(layers, views, encoder_reads(encoder_kv, encoder_bias, bsz))):
         if layer is not None:
             memory_read = (view.keys.flatten(0, 1), view.values.flatten(0, 1), per_row(view.bias, bsz))
-            x = FusedLayer(layer, 1, recording=False)(x, 0, memory_read, encoder_read, None, None)
+            fused = FusedLayer(layer, 1, recording=False, alignment=aligned(alignment, i))
+            x = fused(x, 0, memory_read, encoder_read, None, None)
         states.append(x)
     return x, memory(states, weights)
 
@@ -161,6 +163,8 @@ class FusedFeedbackLoop:
         span_biases: each layer's adaptive span, log m(e) of a full window,
             [num_heads, 1, span], or None.
         weights: the mixing weights of eq. 1, [layers + 1].
+        alignment: where fairseq's alignment layer puts its encoder attention's
+            weights (decoding), or None.
 
     The block reads its slots from a copy laid out for attention,
     [planes, bsz, num_heads, slots, head_dim]: a window is then a batch of
@@ -174,8 +178,9 @@ class FusedFeedbackLoop:
     backward (`keep_probs`)."""
 
     def __init__(self, memory, layers: Sequence, buffer: KeyValueBuffer, window: Tuple[Tensor, ...], span: int,
-                 positions: Optional[Tensor], span_biases: Sequence[Optional[Tensor]], weights: Tensor):
-        self.memory, self.module_layers = memory, layers
+                 positions: Optional[Tensor], span_biases: Sequence[Optional[Tensor]], weights: Tensor,
+                 alignment: Optional[Alignment] = None):
+        self.memory, self.module_layers, self.alignment = memory, layers, alignment
         self.buffer, self.window, self.span, self.initial = buffer, window, span, window[0].size(2)
         self.plane_count, self.num_heads, self.head_dim = memory.planes, memory.num_heads, memory.head_dim
         self.positions, self.weights, self.span_biases = positions, weights, tuple(span_biases)
@@ -208,7 +213,7 @@ class FusedFeedbackLoop:
         self.keep_probs = not present or present[0].self_attn.num_heads * read <= embed + (
             0 if present[0].fc1 is None else present[0].fc1.out_features)
         self.layers = [None if layer is None else FusedLayer(layer, tgt_len, recording, 0 if memory.shared_kv else 2 * i,
-                                                             i == 0, self.keep_probs)
+                                                             i == 0, self.keep_probs, aligned(self.alignment, i))
                        for i, layer in enumerate(self.module_layers)]
         self.present = [layer for layer in self.layers if layer is not None]
 

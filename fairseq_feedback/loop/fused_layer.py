@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from fairseq.modules import gelu as fairseq_gelu
 from torch import Tensor
 
+from ..modules.feedback_attention import Alignment
 from .operators import Attention, Linear, Norm, residual, residual_grad
 
 ACTIVATIONS = {F.relu: "relu", fairseq_gelu: "gelu"}
@@ -64,10 +65,12 @@ class FusedLayer:
         plane: its keys' plane among the memory's slots.
         first: the first layer, whose queries come once per block (project_block_queries).
         keep_probs: whether attention keeps its weights for the backward (operators.Attention).
+        alignment: where its encoder attention's weights go (fairseq's
+            alignment layer), or None.
     """
 
     def __init__(self, layer, tgt_len: int, recording: bool, plane: int = 0, first: bool = False,
-                 keep_probs: bool = True):
+                 keep_probs: bool = True, alignment: Optional[Alignment] = None):
         self.pre_norm, self.first, self.plane, self.recording = layer.normalize_before, first, plane, recording
         self.self_attn = Attention(layer.self_attn, tgt_len, recording, keep_probs)
         # the first layer's pre-norm comes once per block: one record
@@ -76,7 +79,7 @@ class FusedLayer:
         self.sublayers = [(self.self_attn_layer_norm, self.self_attn.out_proj)]  # (norm, last linear layer)
         self.encoder_attn = self.fc1 = None
         if layer.encoder_attn is not None:
-            self.encoder_attn = Attention(layer.encoder_attn, tgt_len, recording)
+            self.encoder_attn = Attention(layer.encoder_attn, tgt_len, recording, alignment=alignment)
             self.encoder_attn_layer_norm = Norm(layer.encoder_attn_layer_norm, tgt_len, recording)
             self.sublayers.append((self.encoder_attn_layer_norm, self.encoder_attn.out_proj))
         if layer.fc1 is not None:

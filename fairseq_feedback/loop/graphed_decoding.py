@@ -76,8 +76,9 @@ class GraphedDecoding:
 
         Args:
             step: step(x, window, distance, encoder_kv, encoder_bias) -> (the
-                top layer's output, m_t's keys and values), over the memory's
-                every slot at `distance` steps back (FeedbackLoop.step).
+                top layer's output, m_t's keys and values, then any more of
+                the step's outputs, [bsz, ...] each), over the memory's every
+                slot at `distance` steps back (FeedbackLoop.step).
             x: the new tokens embedded, [tgt_len, bsz, embed_dim].
             span: how many slots a step sees at most.
             search: the search's state (start's).
@@ -88,7 +89,8 @@ class GraphedDecoding:
                 in words, for the log.
 
         Returns:
-            the top layer's outputs, [tgt_len, bsz, embed_dim].
+            the top layer's outputs, [tgt_len, bsz, embed_dim], then the
+            step's other outputs, [tgt_len, bsz, ...] each.
         """
         bsz, hypotheses = int(search["rows"]), int(search["hypotheses"])
         parameters = tuple(p.data_ptr() for p in parameters)
@@ -110,15 +112,15 @@ class GraphedDecoding:
             def step_over_the_ring(x, memory=memory, encoder=encoder):
                 """The step at step t over every slot; then m_t joins the memory."""
                 window, distance = memory.read()
-                out, kv = step(x, window, distance, encoder[0], encoder[1])
+                out, kv, *more = step(x, window, distance, encoder[0], encoder[1])
                 memory.write(kv)
-                return (out,)
+                return (out, *more)
 
-            (out,) = self.cache(full_key, step_over_the_ring, [F.pad(h, (0, 0, 0, memory.bsz - bsz))],
-                                state=[memory.slots, memory.slot_steps, memory.step], shape=shape)
-            outputs.append(out[:bsz])
+            step_outputs = self.cache(full_key, step_over_the_ring, [F.pad(h, (0, 0, 0, memory.bsz - bsz))],
+                                      state=[memory.slots, memory.slot_steps, memory.step], shape=shape)
+            outputs.append([out[:bsz] for out in step_outputs])
             search["steps"] += 1
-        return torch.stack(outputs)
+        return [torch.stack(at_each_step) for at_each_step in zip(*outputs)]
 
     def _take(self, search, bsz: int, capacity: int, like: Tensor) -> Tuple[tuple, StaticMemory]:
         """The static memory of this shape (and its key), for the search

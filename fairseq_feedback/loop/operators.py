@@ -18,6 +18,8 @@ from typing import Dict, List, Optional, Sequence
 import torch
 from torch import Tensor, nn
 
+from ..modules.feedback_attention import Alignment
+
 
 class StepRecords:
     """What a piece keeps of each step for its backward: a tensor per step,
@@ -211,12 +213,16 @@ class Attention:
             its q_proj, out_proj, num_heads and head_dim.
         tgt_len, recording: as Linear takes them.
         keep_probs: whether P is kept for the backward.
+        alignment: where P goes, averaged over heads (the encoder attention
+            of fairseq's alignment layer), or None.
     """
 
-    def __init__(self, module, tgt_len: int, recording: bool, keep_probs: bool = True):
+    def __init__(self, module, tgt_len: int, recording: bool, keep_probs: bool = True,
+                 alignment: Optional[Alignment] = None):
         self.q_proj = Linear(module.q_proj, tgt_len, recording, module.head_dim**-0.5)
         self.out_proj = Linear(module.out_proj, tgt_len, recording)
         self.num_heads, self.keep_probs, self.recording, self.beam = module.num_heads, keep_probs, recording, 1
+        self.alignment = alignment
         self.queries: Dict[int, Tensor] = {}  # [sentences * num_heads, beam, head_dim], by step
         self.probs: Dict[int, Tensor] = {}
         self.score_grads: Dict[int, Tensor] = {}  # for key_value_grads
@@ -242,6 +248,8 @@ class Attention:
         """
         q = split_heads(q, self.num_heads, beam)
         probs = torch.softmax(self._scores(q, keys, bias), -1)
+        if self.alignment is not None:
+            self.alignment.add(probs.view(-1, self.num_heads, beam, 1, probs.size(-1)))
         if self.recording:
             self.queries[t], self.beam = q, beam
             if self.keep_probs:

@@ -12,6 +12,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
+from ..modules.feedback_attention import Alignment, aligned
 from ..modules.key_value_buffer import KeyValueBuffer
 from ..modules.memory_decoder_layer import per_layer
 from ..modules.memory_view import MemoryView, with_positions
@@ -40,7 +41,7 @@ def memory_views(memory, window: Tuple[Tensor, ...], positions: Optional[Tensor]
 
 def reference_step(x: Tensor, views: Sequence[MemoryView], layers: Sequence,
                    encoder_kv: Sequence[Optional[Tuple[Tensor, Tensor]]], encoder_bias: Optional[Tensor], memory,
-                   weights: Tensor) -> Tuple[Tensor, Tensor]:
+                   weights: Tensor, alignment: Optional[Alignment] = None) -> Tuple[Tensor, Tensor]:
     """One step through every layer, x_t^{l+1} = Layer_l(x_t^l, memory), then eq. 1.
 
     Args:
@@ -50,14 +51,15 @@ def reference_step(x: Tensor, views: Sequence[MemoryView], layers: Sequence,
         encoder_kv: each layer's encoder (keys, values) (per_layer).
         encoder_bias: their padding mask as a bias, [sentences, 1, 1, src_len], or None.
         memory: the decoder's FeedbackMemory; `weights` its mixing weights.
+        alignment: where fairseq's alignment layer puts its encoder attention's weights, or None.
 
     Returns:
         the top layer's output and m_t, [bsz, embed_dim] each.
     """
     states = [x]
-    for layer, view, kv in zip(layers, views, encoder_kv):
+    for i, (layer, view, kv) in enumerate(zip(layers, views, encoder_kv)):
         if layer is not None:
-            x = layer.forward_memory(x, view, kv, encoder_bias)
+            x = layer.forward_memory(x, view, kv, encoder_bias, aligned(alignment, i))
         states.append(x)  # a left-out layer passes its input on
     return x, memory(states, weights)
 
@@ -71,8 +73,10 @@ class ReferenceLoop:
     """
 
     def __init__(self, memory, layers: Sequence, buffer: KeyValueBuffer, window: Tuple[Tensor, ...], span: int,
-                 positions: Optional[Tensor], span_biases: Sequence[Optional[Tensor]], weights: Tensor):
+                 positions: Optional[Tensor], span_biases: Sequence[Optional[Tensor]], weights: Tensor,
+                 alignment: Optional[Alignment] = None):
         self.memory, self.layers, self.buffer, self.window, self.span = memory, layers, buffer, window, span
+        self.alignment = alignment
         self.positions, self.span_biases, self.weights = positions, span_biases, weights
 
     def __call__(self, x: Tensor, encoder_kv: Optional[Tensor], encoder_bias: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
@@ -82,7 +86,8 @@ class ReferenceLoop:
         window, outputs, memories = self.window, [], []
         for h in x.unbind(0):  # not x[t]: each index's backward fills a gradient of all of x
             views = memory_views(self.memory, window, self.positions, self.span_biases, persistent)
-            h, m = reference_step(h, views, self.layers, encoder_kv, encoder_bias, self.memory, self.weights)
+            h, m = reference_step(h, views, self.layers, encoder_kv, encoder_bias, self.memory, self.weights,
+                                  self.alignment)
             window = self.buffer.append(self.memory.project(m.unsqueeze(0)), self.span)
             outputs.append(h)
             memories.append(m)

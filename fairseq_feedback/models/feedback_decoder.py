@@ -28,6 +28,7 @@ from torch import Tensor
 from ..loop import fallback
 from ..loop.feedback_loop import FeedbackLoop, Layers
 from ..loop.graphed_loop import GraphedFeedbackLoop
+from ..modules.feedback_attention import Alignment
 from ..modules.feedback_memory import FeedbackMemory
 from ..modules.key_value_buffer import KeyValueBuffer
 from .feedback_config import unfused_options
@@ -65,7 +66,7 @@ class FeedbackDecoder(MemoryDecoder):
         self.fused_block_enabled = use
 
     def decode(self, x, layers, encoder_kv, encoder_bias, incremental_state: Optional[IncrementalState] = None,
-               stream_state: Optional[StreamState] = None):
+               stream_state: Optional[StreamState] = None, alignment: Optional[Alignment] = None):
         """Starts the memory (from m_{-1}, or from the stream's carried memory
         vectors, projected again with the current weights as the official code
         and Transformer-XL do) or resumes it from the decoding cache, then runs
@@ -82,16 +83,17 @@ class FeedbackDecoder(MemoryDecoder):
         graphed, memories = self.graphed, None
         search = None if incremental_state is None else self.get_incremental_state(incremental_state, "static_memory")
         if incremental_state is not None and graphed is not None and graphed.decodes(x.device, search):
-            x = self._decode_graphed(x, span, layers, encoder_kv, encoder_bias, incremental_state, search)
+            x = self._decode_graphed(x, span, layers, encoder_kv, encoder_bias, incremental_state, search, alignment)
         elif incremental_state is None and graphed is not None and graphed.runs_blocks(x.device, None not in layers):
             x, memories = self._block_graphed(x, previous, span, layers, encoder_kv, encoder_bias)
         else:
-            x, memories = self._run_eagerly(x, previous, span, layers, encoder_kv, encoder_bias, incremental_state)
+            x, memories = self._run_eagerly(x, previous, span, layers, encoder_kv, encoder_bias, incremental_state,
+                                            alignment)
         if stream_state is not None:
             stream_state.carry(torch.cat([previous, memories])[None], self.span)
         return x
 
-    def _run_eagerly(self, x, previous, span, layers, encoder_kv, encoder_bias, incremental_state):
+    def _run_eagerly(self, x, previous, span, layers, encoder_kv, encoder_bias, incremental_state, alignment):
         """The loop from the decoding cache, or from the memory vectors
         `previous`: the top layer's outputs and the memory vectors."""
         buffer = self.memory.cached_keys_values(incremental_state)
@@ -100,7 +102,7 @@ class FeedbackDecoder(MemoryDecoder):
             buffer, window = loop.start(previous[-span:], len(x))
         else:
             window = buffer.window(span)
-        x, memories = loop.block(x, buffer, window, encoder_kv, encoder_bias)
+        x, memories = loop.block(x, buffer, window, encoder_kv, encoder_bias, alignment)
         self.memory.cache_keys_values(incremental_state, buffer)
         return x, memories
 
@@ -113,18 +115,30 @@ class FeedbackDecoder(MemoryDecoder):
                                   loop.parameters(), graph_key=(window, self.training, loop.fused),
                                   description=f"span {window}")
 
-    def _decode_graphed(self, x, span, layers, encoder_kv, encoder_bias, incremental_state, search):
+    def _decode_graphed(self, x, span, layers, encoder_kv, encoder_bias, incremental_state, search, alignment):
         """The new tokens of a search, one captured FeedbackLoop.step each; the
         search's static memory (`search`) is started at its first call and
-        kept in the incremental state."""
+        kept in the incremental state. With an `alignment`, the step also
+        returns the alignment layer's weights, over the source positions of
+        the graph's bucket."""
         loop = self.loop(layers, span, self.unfused_reason(layers, x.device.type))
+        step = loop.step
+        if alignment is not None:
+            def step(*inputs, layer=alignment.layer, heads=alignment.heads):
+                weights = Alignment(layer, heads)
+                return (*loop.step(*inputs, alignment=weights), weights.weights()[0])
         if search is None:
             search = self.graphed.decoding.start(x, span, encoder_kv, self.hypotheses_per_sentence(incremental_state),
                                                  loop.empty_memory)
             self.set_incremental_state(incremental_state, "static_memory", search)
-        return self.graphed.decoding.decode(loop.step, x, span, search, encoder_kv, encoder_bias, loop.parameters(),
-                                            graph_key=(span, tuple(layer is not None for layer in layers), loop.fused),
-                                            description=f"span {span}")
+        x, *weights = self.graphed.decoding.decode(
+            step, x, span, search, encoder_kv, encoder_bias, loop.parameters(),
+            graph_key=(span, tuple(layer is not None for layer in layers), loop.fused,
+                       None if alignment is None else (alignment.layer, alignment.heads)),
+            description=f"span {span}")
+        if alignment is not None:
+            alignment.extend(weights[0][..., : encoder_kv.size(4)])
+        return x
 
     def train(self, mode: bool = True):
         if self.graphed is not None and mode != self.training:  # an epoch, or a validation, has ended

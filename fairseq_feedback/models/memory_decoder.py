@@ -21,6 +21,7 @@ import torch
 from fairseq.models.transformer import TransformerDecoderBase
 from torch import Tensor, nn
 
+from ..modules.feedback_attention import Alignment
 from ..modules.memory_decoder_layer import MemoryDecoderLayer
 
 IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
@@ -73,7 +74,7 @@ class MemoryDecoder(TransformerDecoderBase):
 
     def decode(self, x: Tensor, layers: List[Optional[MemoryDecoderLayer]], encoder_kv: Optional[Tensor],
                encoder_bias: Optional[Tensor], incremental_state: Optional[IncrementalState] = None,
-               stream_state: Optional[StreamState] = None) -> Tensor:
+               stream_state: Optional[StreamState] = None, alignment: Optional[Alignment] = None) -> Tensor:
         """The layers on the embedded new tokens (the subclass's own).
 
         Args:
@@ -85,6 +86,8 @@ class MemoryDecoder(TransformerDecoderBase):
             incremental_state: fairseq's, in incremental decoding (the memory's
                 keys and values cached there).
             stream_state: a stream's StreamState, in the streaming LM task.
+            alignment: where fairseq's alignment layer puts its encoder
+                attention's weights (incremental decoding), or None.
 
         Returns:
             the top layer's outputs, [tgt_len, bsz, embed_dim].
@@ -105,8 +108,9 @@ class MemoryDecoder(TransformerDecoderBase):
         return self.dropout_module(x).transpose(0, 1)
 
     def forward(self, prev_output_tokens, encoder_out=None, incremental_state=None, features_only=False,
-                stream_state=None, **unused):
-        x, extra = self.extract_features(prev_output_tokens, encoder_out, incremental_state, stream_state)
+                stream_state=None, alignment_layer=None, alignment_heads=None, **unused):
+        x, extra = self.extract_features(prev_output_tokens, encoder_out, incremental_state, stream_state,
+                                         alignment_layer, alignment_heads)
         return (x if features_only else self.output_layer(x)), extra
 
     def extract_features(
@@ -115,6 +119,8 @@ class MemoryDecoder(TransformerDecoderBase):
         encoder_out: Optional[Dict[str, List[Tensor]]] = None,
         incremental_state: Optional[IncrementalState] = None,
         stream_state: Optional[StreamState] = None,
+        alignment_layer: Optional[int] = None,
+        alignment_heads: Optional[int] = None,
         **unused,
     ):
         """fairseq's decoder protocol, and the streaming LM task's.
@@ -128,9 +134,16 @@ class MemoryDecoder(TransformerDecoderBase):
                 first feeds its last token.
             stream_state: a language model's stream, block after block (the
                 decoder carries its memory there: StreamState).
+            alignment_layer, alignment_heads: as fairseq's TransformerDecoder
+                takes them: in incremental decoding, "attn" holds the
+                encoder attention of this layer (None: the top one), averaged
+                over its first `alignment_heads` heads (None: all), which
+                fairseq-generate --print-alignment prints.
 
         Returns:
-            the features [bsz, tgt_len, embed_dim], and fairseq's extra outputs.
+            the features [bsz, tgt_len, embed_dim], and fairseq's extra
+            outputs: "attn", [bsz, tgt_len, src_len] in incremental decoding
+            with an encoder ([None] otherwise), and "inner_states".
         """
         decoding = self.get_incremental_state(incremental_state, "decoding")
         tokens = prev_output_tokens if decoding is None else prev_output_tokens[:, -1:]
@@ -149,14 +162,19 @@ class MemoryDecoder(TransformerDecoderBase):
         else:
             encoder_kv = decoding["encoder_keys_values"]
         encoder_bias = self._encoder_attention_mask(encoder_out, encoder_kv)
-        x = self.decode(x, self._sampled_layers(), encoder_kv, encoder_bias, incremental_state, stream_state)
+        alignment = None
+        if incremental_state is not None and encoder_kv is not None:
+            alignment = Alignment(self.num_layers - 1 if alignment_layer is None else alignment_layer, alignment_heads)
+        x = self.decode(x, self._sampled_layers(), encoder_kv, encoder_bias, incremental_state, stream_state,
+                        alignment)
 
         if self.layer_norm is not None:
             x = self.layer_norm(x)
         x = x.transpose(0, 1)
         if self.project_out_dim is not None:
             x = self.project_out_dim(x)
-        return x, {"attn": [None], "inner_states": [x]}
+        attn = None if alignment is None else alignment.weights().transpose(0, 1).to(x)
+        return x, {"attn": [attn], "inner_states": [x]}
 
     def _sampled_layers(self) -> List[Optional[MemoryDecoderLayer]]:
         """Every layer, None where LayerDrop leaves it out of this pass: a

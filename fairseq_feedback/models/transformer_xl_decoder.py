@@ -14,6 +14,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from ..modules.feedback_attention import Alignment, aligned
 from ..modules.memory_view import MemoryView, SlotDistances
 from ..modules.memory_decoder_layer import MemoryDecoderLayer, per_layer
 from ..modules.key_value_buffer import KeyValueBuffer
@@ -22,7 +23,7 @@ from .memory_decoder import IncrementalState, MemoryDecoder, StreamState
 
 class TransformerXLDecoder(MemoryDecoder):
     def decode(self, x, layers, encoder_kv, encoder_bias, incremental_state: Optional[IncrementalState] = None,
-               stream_state: Optional[StreamState] = None):
+               stream_state: Optional[StreamState] = None, alignment: Optional[Alignment] = None):
         """Each layer on the whole block, over the last inputs of its own layer.
 
         Args and returns: as MemoryDecoder.decode.
@@ -37,7 +38,7 @@ class TransformerXLDecoder(MemoryDecoder):
             keys, values = self._keys_values(layer, x, None if carried is None else carried[i], span,
                                              incremental_state)
             x = layer.forward_memory(x, self._memory_view(layer, keys, values, len(x), span), encoder_kv[i],
-                                     encoder_bias)
+                                     encoder_bias, aligned(alignment, i))
         if stream_state is not None:
             block = torch.stack(inputs)
             stream_state.carry(block if carried is None else torch.cat([carried, block], 1), self.span)

@@ -7,7 +7,7 @@ is a query projection, one fused attention call and an output projection.
 """
 
 import math
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -16,6 +16,43 @@ from torch import Tensor, nn
 
 from .adaptive_span import AdaptiveSpanMask
 from .memory_view import MemoryView
+
+
+class Alignment:
+    """What fairseq-generate --print-alignment reads, as fairseq's transformer
+    returns it: one decoder layer's attention weights over the encoder,
+    averaged over heads (fairseq's alignment_layer and alignment_heads: its
+    first `heads` heads; None: all). The attention of that layer adds each
+    step's weights as it computes them.
+
+    Args:
+        layer: the decoder layer, 0 the bottom.
+        heads: how many of its first heads are averaged, or None: all.
+    """
+
+    def __init__(self, layer: int, heads: Optional[int]):
+        self.layer, self.heads = layer, heads
+        self.steps: List[Tensor] = []
+
+    def add(self, probs: Tensor) -> None:
+        """Attention weights, [sentences, num_heads, beam, queries, src_len]
+        (a sentence's `beam` hypotheses, rows of the batch one after another)."""
+        sentences, _, beam, queries, src_len = probs.shape
+        averaged = probs[:, : self.heads].mean(1, dtype=torch.float32)  # [sentences, beam, queries, src_len]
+        self.steps.append(averaged.permute(2, 0, 1, 3).reshape(queries, sentences * beam, src_len))
+
+    def extend(self, weights: Tensor) -> None:
+        """Weights averaged already, [steps, bsz, src_len] (the graphs' outputs)."""
+        self.steps.append(weights)
+
+    def weights(self) -> Tensor:
+        """Every step's weights, [tgt_len, bsz, src_len]."""
+        return torch.cat(self.steps)
+
+
+def aligned(alignment: Optional[Alignment], layer: int) -> Optional[Alignment]:
+    """`alignment` for the layer it names, None for the others."""
+    return alignment if alignment is not None and alignment.layer == layer else None
 
 
 def attend(
@@ -28,6 +65,7 @@ def attend(
     dropout_p: float = 0.0,
     persistent: Optional[Tuple[Tensor, Tensor]] = None,
     positions: Optional[Tuple[Tensor, Tensor]] = None,
+    alignment: Optional[Alignment] = None,
 ) -> Tensor:
     """softmax(q.k / sqrt(head_dim) + bias) v over keys and values projected beforehand.
 
@@ -51,22 +89,23 @@ def attend(
         positions: for a block, relative positions as (table [span, head_dim],
             the table index of each query-key pair [queries, keys]): adds
             q.p_d, d the pair's distance (a step adds p to its keys instead).
+        alignment: where the attention weights go, averaged over heads (the
+            encoder attention of fairseq's alignment layer), or None.
 
     Returns:
         the attention's output, shaped as `x`.
     """
     sentences, num_heads, _, head_dim = keys.shape
     whole_block = x.dim() == 3
-    if whole_block:
-        q = q_proj(x).view(x.size(0), sentences, num_heads, head_dim).permute(1, 2, 0, 3)
-    else:
-        q = q_proj(x).view(sentences, x.size(0) // sentences, num_heads, head_dim).transpose(1, 2)
+    queries, beam = (x.size(0), x.size(1) // sentences) if whole_block else (1, x.size(0) // sentences)
+    # [sentences, num_heads, beam * queries, head_dim]: a sentence's hypotheses share its keys
+    q = q_proj(x).view(queries, sentences, beam, num_heads, head_dim).permute(1, 3, 2, 0, 4).flatten(2, 3)
     if positions is not None:
         table, table_index = positions
         position_scores = torch.matmul(q, table.t() * head_dim**-0.5)
         position_scores = position_scores.gather(-1, table_index.expand(sentences, num_heads, -1, -1))
         bias = position_scores if bias is None else position_scores + bias
-    if torch.is_grad_enabled() and persistent is None:  # the fused kernel's backward is the faster one
+    if torch.is_grad_enabled() and persistent is None and alignment is None:  # the fused kernel's backward is the faster one
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias, dropout_p=dropout_p)
     else:  # for a few query rows, two small matmuls beat the fused kernel's setup
         q = q * head_dim**-0.5
@@ -76,14 +115,15 @@ def attend(
         if persistent is not None:
             scores = torch.cat([torch.matmul(q, persistent[0].transpose(-1, -2)), scores], dim=-1)
         weights = F.dropout(scores.softmax(-1), dropout_p)
+        if alignment is not None:
+            alignment.add(weights.unflatten(2, (beam, queries)))
         if persistent is None:
             out = torch.matmul(weights, values)
         else:
             n = persistent[0].size(1)
             out = torch.matmul(weights[..., :n], persistent[1]) + torch.matmul(weights[..., n:], values)
-    if whole_block:
-        return out_proj(out.permute(2, 0, 1, 3).reshape(x.size(0), sentences, num_heads * head_dim))
-    return out_proj(out.transpose(1, 2).reshape(x.size(0), num_heads * head_dim))
+    out = out.unflatten(2, (beam, queries)).permute(3, 0, 2, 1, 4).reshape(queries, -1, num_heads * head_dim)
+    return out_proj(out if whole_block else out[0])
 
 
 class FeedbackAttention(nn.Module):

@@ -18,7 +18,7 @@ import torch
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
 from torch import Tensor
 
-from .feedback_attention import FeedbackAttention, attend
+from .feedback_attention import Alignment, FeedbackAttention, attend
 from .memory_view import MemoryView
 from .transformer_xl_attention import TransformerXLAttention
 
@@ -81,7 +81,8 @@ class MemoryDecoderLayer(TransformerDecoderLayerBase):
     def _feed_forward(self, x: Tensor) -> Tensor:
         return self.fc2(self.activation_dropout_module(self.activation_fn(self.fc1(x))))
 
-    def forward_memory(self, x: Tensor, memory: MemoryView, encoder_kv=None, encoder_bias=None) -> Tensor:
+    def forward_memory(self, x: Tensor, memory: MemoryView, encoder_kv=None, encoder_bias=None,
+                       alignment: Optional[Alignment] = None) -> Tensor:
         """The layer: self-attention over `memory`, attention over the encoder, feed-forward.
 
         Args:
@@ -91,6 +92,8 @@ class MemoryDecoderLayer(TransformerDecoderLayerBase):
             encoder_kv: this layer's encoder (keys, values), [sentences,
                 num_heads, src_len, head_dim] each (per_layer), or None.
             encoder_bias: the encoder's padding mask as a bias, [sentences, 1, 1, src_len], or None.
+            alignment: where the encoder attention's weights go (this layer is
+                fairseq's alignment layer), or None.
 
         Returns:
             the layer's output, shaped as `x`.
@@ -101,7 +104,8 @@ class MemoryDecoderLayer(TransformerDecoderLayerBase):
             dropout_p = self.encoder_attention_dropout() if self.training else 0.0
             x = self._sublayer(
                 x, self.encoder_attn_layer_norm,
-                lambda h: attend(h, attn.q_proj, attn.out_proj, encoder_kv[0], encoder_kv[1], encoder_bias, dropout_p=dropout_p),
+                lambda h: attend(h, attn.q_proj, attn.out_proj, encoder_kv[0], encoder_kv[1], encoder_bias,
+                                 dropout_p=dropout_p, alignment=alignment),
             )
         if self.fc1 is None:
             return x
