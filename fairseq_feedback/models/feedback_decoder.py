@@ -19,6 +19,7 @@ it or hands it to the CUDA graphs; nothing the loop or a graph keeps holds
 the decoder.
 """
 
+import functools
 import logging
 from typing import Optional
 
@@ -122,11 +123,7 @@ class FeedbackDecoder(MemoryDecoder):
         returns the alignment layer's weights, over the source positions of
         the graph's bucket."""
         loop = self.loop(layers, span, self.unfused_reason(layers, x.device.type))
-        step = loop.step
-        if alignment is not None:
-            def step(*inputs, layer=alignment.layer, heads=alignment.heads):
-                weights = Alignment(layer, heads)
-                return (*loop.step(*inputs, alignment=weights), weights.weights()[0])
+        step = loop.step if alignment is None else functools.partial(aligned_step, loop.step, alignment)
         if search is None:
             search = self.graphed.decoding.start(x, span, encoder_kv, self.hypotheses_per_sentence(incremental_state),
                                                  loop.empty_memory)
@@ -173,3 +170,11 @@ class FeedbackDecoder(MemoryDecoder):
             self.unfused_reasons_said.add(reason)
             logger.info(f"feedback loop: {reason} runs step by step through autograd, not as one fused block "
                         "(the same numbers, more operators)")
+
+
+def aligned_step(step, alignment: Alignment, *inputs):
+    """FeedbackLoop.step, with the encoder attention weights that `alignment`
+    asks for as a third output, [bsz, src_len]: a graph's outputs are what
+    its function returns (each call collects into an Alignment of its own)."""
+    weights = Alignment(alignment.layer, alignment.heads)
+    return (*step(*inputs, alignment=weights), weights.weights()[0])
