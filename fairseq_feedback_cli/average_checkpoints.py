@@ -29,7 +29,7 @@ import re
 from collections import OrderedDict
 from typing import Dict, List, Optional
 
-from .command_line import ArgumentParser, check_at_least, fail
+from .command_line import ArgumentParser, check_at_least, command, fail
 from .outputs import atomic_file, check_destination
 
 EPOCH = re.compile(r"checkpoint(\d+)\.pt")
@@ -178,12 +178,9 @@ def save(state: dict, output: str) -> None:
 
     if os.path.isdir(output):
         fail(f"--output {output} is a folder; name the file, e.g. {os.path.join(output, 'checkpoint.avg.pt')}")
-    try:
-        os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
-        with atomic_file(output, "wb") as f:
-            torch.save(state, f)
-    except OSError as e:
-        fail(f"cannot write {output} ({e.strerror or e})")
+    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+    with atomic_file(output, "wb") as f:  # a write the system refuses: one line (command_line.command)
+        torch.save(state, f)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -203,6 +200,7 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+@command
 def main(argv: Optional[List[str]] = None) -> None:
     args = parser().parse_args(argv)
     num = args.num_epoch_checkpoints or args.num_update_checkpoints

@@ -4,17 +4,39 @@
 traceback; the parser's own errors (a missing or mistyped option) end the same way, without
 argparse's usage dump; `check_at_least` names a count given below the values it can take;
 `quiet` leaves a tool's result as the one thing it prints; `stop_on_sigterm` makes a kill end a
-command as Ctrl-C does.
+command as Ctrl-C does; `command` makes a write that the system refuses midway end in one line.
 """
 
 import argparse
+import functools
 import os
 import signal
-from typing import NoReturn
+from typing import Callable, NoReturn
 
 
 def fail(message: str) -> NoReturn:
     raise SystemExit(f"error: {message}")
+
+
+def command(main: Callable) -> Callable:
+    """Every command's main: a write the system refuses midway (a full disk,
+    a file-size limit, a read-only disk) ends it in one line naming the file
+    and the fix, as a mistake does, wherever the write was; what the command
+    was writing went on the way out (outputs.py: complete or not at all)."""
+
+    @functools.wraps(main)
+    def run(*args, **kwargs):
+        try:
+            return main(*args, **kwargs)
+        except Exception as e:
+            from fairseq_feedback.errors import PATH_FIXES, refused_write  # on failure alone: it imports torch
+
+            refused = refused_write(e)
+            if refused is None:
+                raise
+            fail(f"could not write {refused.filename or 'an output'}: {refused.strerror}: {PATH_FIXES[refused.errno]}")
+
+    return run
 
 
 class ArgumentParser(argparse.ArgumentParser):

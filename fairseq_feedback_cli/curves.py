@@ -29,7 +29,7 @@ import json
 import os
 
 from . import plots
-from .command_line import ArgumentParser, fail
+from .command_line import ArgumentParser, command, fail
 from .outputs import check_destination
 from .toy_scoring import METRICS
 
@@ -98,6 +98,7 @@ def as_hours(seconds):
     return "" if seconds is None else f"{seconds / 3600:.2f}"
 
 
+@command
 def main(argv=None):
     parser = ArgumentParser(prog="python -m fairseq_feedback_cli.curves", description=__doc__.split("\n\n")[0])
     parser.add_argument("kind", choices=("toy", "log"), help="toy-task evaluations, or fairseq-train json logs")

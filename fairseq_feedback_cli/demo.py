@@ -40,7 +40,7 @@ import time
 import torch
 
 from . import plots, toy_evaluation
-from .command_line import ArgumentParser, check_at_least, fail, quiet, stop_on_sigterm
+from .command_line import ArgumentParser, check_at_least, command, fail, quiet, stop_on_sigterm
 from .outputs import atomic_folder, check_destination
 from .toy_scoring import METRICS
 
@@ -353,6 +353,7 @@ def run(out, config=CONFIG, threads=None):
     return text
 
 
+@command
 def main(argv=None):
     parser = ArgumentParser(prog="python -m fairseq_feedback_cli.demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="demo", help="the results folder (a previous demo's is replaced)")

@@ -32,7 +32,7 @@ import os
 
 from fairseq_feedback.fairseq_fixes.one_line import one_line
 
-from .command_line import ArgumentParser, check_at_least, fail, quiet
+from .command_line import ArgumentParser, check_at_least, command, fail, quiet
 from .outputs import check_destination
 from .toy_evaluation import default_output, evaluate, score_files
 from .toy_scoring import METRICS
@@ -67,6 +67,7 @@ def describe(result):
             f"  {counts} -> {result['predictions']}")
 
 
+@command
 def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -65,15 +65,20 @@ def atomic_file(path: PathLike, mode: str = "w", **open_kwargs) -> Iterator:
     """An open file that becomes `path` (replacing what was there) only when
     the block ends without an error; after an error `path` is as it was."""
     path = Path(path)
+    if path.exists() and not path.is_file():  # a device or a pipe (/dev/null, a FIFO): written, never replaced
+        with open(path, mode, **open_kwargs) as f:
+            yield f
+        return
     partial = partial_path(path)
     try:
         # open() creates the file with the umask's permissions (mkstemp's would be private)
         with open(partial, mode, **open_kwargs) as f:
             yield f
         os.replace(partial, path)
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(FileNotFoundError):
             partial.unlink()
+        _name_unnamed_write(e, path)
         raise
 
 
@@ -92,6 +97,7 @@ def atomic_folder(path: PathLike, check: Optional[Callable[[Path], None]] = None
     partial = partial_path(path)
     if partial.exists() or partial.is_symlink():
         _remove(partial)
+    made = [folder for folder in partial.parents if not folder.exists()]  # innermost first
     partial.mkdir(parents=True)  # the umask's permissions (mkdtemp's would be private)
     try:
         yield partial
@@ -106,6 +112,19 @@ def atomic_folder(path: PathLike, check: Optional[Callable[[Path], None]] = None
             _remove(previous)
         else:
             partial.rename(path)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(partial, ignore_errors=True)
+        for folder in made:  # the folders made to hold it, unless something else went in
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        _name_unnamed_write(e, path)
         raise
+
+
+def _name_unnamed_write(exc: BaseException, path: Path) -> None:
+    """A write the system refused names no file (a write call has only a
+    descriptor; torch.save raises its own error over it): the output it was
+    for, for the one line (command_line.command)."""
+    for refused in (exc, exc.__cause__, exc.__context__):
+        if isinstance(refused, OSError) and refused.filename is None:
+            refused.filename = str(path)

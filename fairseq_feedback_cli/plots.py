@@ -3,6 +3,7 @@ accuracy against updates, and a validation metric against updates and training h
 
 import textwrap
 
+from .outputs import atomic_file
 from .toy_scoring import METRICS
 
 
@@ -63,6 +64,7 @@ def validation_curves(runs, metric, title="", label=None, clock="wall"):
 
 
 def save(fig, path, dpi=100):
-    """Writes the figure as a PNG and frees it."""
-    fig.savefig(path, dpi=dpi)
+    """Writes the figure as a PNG, complete or not at all, and frees it."""
+    with atomic_file(path, "wb") as f:
+        fig.savefig(f, dpi=dpi, format="png")
     _pyplot().close(fig)

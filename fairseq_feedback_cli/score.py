@@ -55,7 +55,7 @@ import sys
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
-from .command_line import ArgumentParser, fail
+from .command_line import ArgumentParser, command, fail
 from .sgm import segments
 
 METRICS = ("bleu", "bleu-compound-split", "sacrebleu", "rouge")
@@ -263,6 +263,7 @@ def evaluate(args, gen: Optional[str]):
     return score.score, [str(score), f"{what} of {n} sentences; sacrebleu {signature}"]
 
 
+@command
 def main(argv: Optional[List[str]] = None) -> None:
     args = parser().parse_args(argv)
     try:

@@ -1,10 +1,16 @@
 """fairseq_feedback_cli.outputs: outputs that appear complete or not at all."""
 
+import argparse
+import json
 import os
+import resource
 import stat
+import subprocess
+import sys
 
 import pytest
-from helpers import error_of
+import torch
+from helpers import ENV, assert_one_error_line, error_lines, error_of
 
 from fairseq_feedback_cli import average_checkpoints, curves, evaluate_toy
 from fairseq_feedback_cli.outputs import atomic_file, atomic_folder
@@ -130,3 +136,49 @@ def test_no_tool_writes_over_one_of_its_own_inputs(tmp_path, monkeypatch, tool, 
     assert f" {out} would write over {option} {read}, which this command reads: pass another path" in message
     assert (tmp_path / read).is_dir() if read == "data" else (
         (tmp_path / read).read_text() == f"the {read} the tool reads")
+
+
+def refused_write_inputs(tmp_path):
+    """What the tools below read: two checkpoints, a fairseq json log."""
+    for seed, name in enumerate(("a.pt", "b.pt")):
+        torch.save({"args": argparse.Namespace(arch="feedback_transformer"), "model": {"w": torch.randn(64, 64)},
+                    "optimizer_history": [{"num_updates": seed}], "extra_state": {"epoch": seed}}, tmp_path / name)
+    (tmp_path / "train.log").write_text("".join(
+        json.dumps({"epoch": 1, "valid_ppl": 100 - u, "valid_num_updates": u, "wall": u}) + "\n" for u in (10, 20)))
+
+
+# (module, its command line with {OUT} where its output goes), each writing far more than 4 KiB
+REFUSED_WRITES = {
+    "average-checkpoints": ("average_checkpoints", ["--inputs", "a.pt", "b.pt", "--output", "{OUT}"]),
+    "curves": ("curves", ["log", "train.log", "--out", "{OUT}"]),
+    "a data script": ("data_prep.synthetic_translation", ["--out", "{OUT}", "--train", 3000]),
+    "the toy tasks": ("data_prep.toy_tasks", ["copy", "--out", "{OUT}"]),
+}
+
+
+@pytest.mark.parametrize("module, argv", REFUSED_WRITES.values(), ids=REFUSED_WRITES.keys())
+def test_a_write_the_system_refuses_midway_is_one_line_and_leaves_nothing(tmp_path, module, argv):
+    """Under a file-size limit (ulimit -f), as on a disk that fills, writes fail midway: each tool ends in
+    one line naming its output and the fix, and leaves nothing that looks finished (tracebacks before)."""
+    refused_write_inputs(tmp_path)
+    before = sorted(os.listdir(tmp_path))
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", f"fairseq_feedback_cli.{module}",
+                           *(str(out) if a == "{OUT}" else str(a) for a in argv)], cwd=tmp_path, env=ENV,
+                          capture_output=True, text=True,
+                          preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096)))
+    assert_one_error_line(proc)
+    assert f"could not write {out}" in error_lines(proc)[0] and "ulimit -f" in error_lines(proc)[0]
+    assert sorted(os.listdir(tmp_path)) == before
+
+
+def test_an_output_that_is_a_device_is_written_not_replaced(tmp_path):
+    """--output /dev/null replaced the device with a file of the predictions (as root, /dev/null itself)."""
+    null = tmp_path / "null"
+    try:
+        os.mknod(null, stat.S_IFCHR | 0o666, os.makedev(1, 3))  # /dev/null's device
+    except PermissionError:
+        pytest.skip("only root makes device nodes")
+    with atomic_file(null) as f:
+        f.write("predictions")
+    assert stat.S_ISCHR(os.stat(null).st_mode) and os.listdir(tmp_path) == ["null"]

@@ -38,9 +38,8 @@ import torch
 from fairseq.file_io import PathManager
 from omegaconf import open_dict
 
-from ..errors import FeedbackUsageError
+from ..errors import PATH_FIXES, FeedbackUsageError, refused_write
 from ..safe_checkpoints import fairseq_checkpoints_allowed, refusal
-from .one_line import PATH_FIXES
 
 logger = logging.getLogger(__name__)
 
@@ -87,8 +86,7 @@ def written_whole(path: str):
     except BaseException as e:
         with contextlib.suppress(OSError):
             os.remove(partial)
-        refused = next((cause for cause in (e, e.__cause__, e.__context__)
-                        if isinstance(cause, OSError) and cause.errno in PATH_FIXES), None)
+        refused = refused_write(e, PATH_FIXES)
         if refused is None:
             raise
         raise FeedbackUsageError(f"could not write {path}: {refused.strerror}: {PATH_FIXES[refused.errno]}; the "

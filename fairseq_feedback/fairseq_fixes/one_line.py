@@ -29,7 +29,7 @@ import re
 import shlex
 import sys
 
-from ..errors import FeedbackUsageError
+from ..errors import PATH_FIXES, FeedbackUsageError
 from . import origin
 
 # set (to anything but empty) to see every exception's traceback
@@ -40,17 +40,6 @@ NEAR = 3
 MESSAGE_CHARS = 600
 
 # what to do about a path the system refused, by the reason it gave
-PATH_FIXES = {
-    errno.ENOENT: "check the path",
-    errno.ENOTDIR: "a part of it is a file, not a folder: check the path",
-    errno.EISDIR: "it is a folder: name a file",
-    errno.EACCES: "pass a path you may use (or change its permissions)",
-    errno.EPERM: "pass a path you may use (or change its permissions)",
-    errno.EROFS: "pass a path on a writable disk",
-    errno.ENOSPC: "free some space, or pass a path on another disk",
-    errno.EDQUOT: "free some space, or pass a path on another disk",
-    errno.EFBIG: "it would outgrow the largest file this shell lets a process write (ulimit -f): raise the limit",
-}
 
 
 def one_line(exc: BaseException):

@@ -37,7 +37,7 @@ import sys
 
 import torch
 
-from ..command_line import ArgumentParser, check_at_least, fail
+from ..command_line import ArgumentParser, check_at_least, command, fail
 from ..outputs import atomic_file
 from ..sizes import PRESETS
 from .breakdown import BREAKDOWN_ROWS, breakdown
@@ -56,6 +56,7 @@ def machine(device: torch.device) -> dict:
 
 
 
+@command
 def main(argv=None):
     parser = ArgumentParser(prog="feedback-benchmark", description=__doc__,
                             formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -13,7 +13,7 @@ import argparse
 import os
 import random
 
-from fairseq_feedback_cli.command_line import ArgumentParser, check_at_least
+from fairseq_feedback_cli.command_line import ArgumentParser, check_at_least, command
 from fairseq_feedback_cli.outputs import atomic_folder, check_destination
 
 
@@ -33,6 +33,7 @@ def write_corpus(out: str, sizes: dict, vocab=24, min_len=3, max_len=12, seed=1)
                     f.writelines(pair[index] + "\n" for pair in pairs)
 
 
+@command
 def main(argv=None):
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)

@@ -21,7 +21,7 @@ import os
 import random
 from functools import partial
 
-from fairseq_feedback_cli.command_line import ArgumentParser, check_at_least, fail
+from fairseq_feedback_cli.command_line import ArgumentParser, check_at_least, command, fail
 from fairseq_feedback_cli.outputs import atomic_folder, check_destination
 from fairseq_feedback_cli.toy_scoring import NO_LOSS
 
@@ -321,6 +321,7 @@ def build_parser():
     return parser
 
 
+@command
 def main(argv=None):
     parsed = build_parser().parse_args(argv)
     check_at_least(parsed, **dict.fromkeys(COUNTS, 1))
@@ -330,7 +331,7 @@ def main(argv=None):
     sizes = {split: args.pop(split) for split in SPLITS}
     try:
         path = write_task(out, task, seed, sizes, force=force, **args)
-    except OSError as e:
+    except FileExistsError as e:
         fail(str(e))
     print(f"wrote {path}: " + ", ".join(f"{sizes[s]} {s}" for s in SPLITS) + " episodes")
 

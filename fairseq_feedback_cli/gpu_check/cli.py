@@ -37,7 +37,7 @@ import time
 import traceback
 from typing import List
 
-from ..command_line import ArgumentParser, check_at_least, fail
+from ..command_line import ArgumentParser, check_at_least, command, fail
 from ..outputs import atomic_folder
 from .check import (FAILED, INTERRUPTED, NOT_JUDGED, NOT_RUN, PASSED, SKIPPED, STOPPED, Check, OutOfTime, Step,
                     StepFailed)
@@ -109,6 +109,7 @@ def parts(text: str) -> List[int]:
     return sorted({int(part) for part in text.split(",")})
 
 
+@command
 def main(argv=None):
     parser = ArgumentParser(prog="feedback-gpu-check", description=__doc__,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
