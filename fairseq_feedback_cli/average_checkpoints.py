@@ -206,7 +206,6 @@ def main(argv: Optional[List[str]] = None) -> None:
     num = args.num_epoch_checkpoints or args.num_update_checkpoints
     # epochs and updates count from 1
     check_at_least(args, num_epoch_checkpoints=1, num_update_checkpoints=1, checkpoint_upper_bound=1)
-    check_destination(args.output, "--output", reads={"--inputs": args.inputs})
     if num is not None:
         if len(args.inputs) != 1:
             fail("with --num-epoch-checkpoints or --num-update-checkpoints, --inputs takes one folder")
@@ -220,6 +219,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         if folder is not None:
             fail(f"--inputs {folder} is a folder: pass --num-epoch-checkpoints N or --num-update-checkpoints N "
                  "to average its last N checkpoints")
+    check_destination(args.output, "--output", reads={"--inputs": paths})  # the files, also those of a folder
     try:
         state = average(paths)
         save(state, args.output)

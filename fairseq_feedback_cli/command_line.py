@@ -21,13 +21,16 @@ def fail(message: str) -> NoReturn:
 def command(main: Callable) -> Callable:
     """Every command's main: a write the system refuses midway (a full disk,
     a file-size limit, a read-only disk) ends it in one line naming the file
-    and the fix, as a mistake does, wherever the write was; what the command
-    was writing went on the way out (outputs.py: complete or not at all)."""
+    and the fix, as a mistake does, wherever the write was, and so does
+    Ctrl-C; what the command was writing went on the way out (outputs.py:
+    complete or not at all)."""
 
     @functools.wraps(main)
     def run(*args, **kwargs):
         try:
             return main(*args, **kwargs)
+        except KeyboardInterrupt:
+            fail("interrupted: nothing it was writing was left; rerun the same command")
         except Exception as e:
             from fairseq_feedback.errors import PATH_FIXES, refused_write  # on failure alone: it imports torch
 

@@ -117,10 +117,15 @@ class GenerateOutput:
 
 
 def read_generate_output(path: str) -> GenerateOutput:
+    """Its hypotheses (the first of an n-best list) and references; one run's
+    output only: two concatenated would be scored as one (an id's second
+    sentence taken for an n-best entry)."""
     hyps, refs, finished, split_files = {}, {}, False, {}
     for line in read_text(path):
         m = _GEN_LINE.match(line)
         if not m:
+            if _CLOSING_LINE.search(line) and finished:
+                fail(f"{path} holds the end of more than one fairseq-generate run: score each run's output apart")
             finished = finished or bool(_CLOSING_LINE.search(line))
             size = _SPLIT_SIZE.search(line)
             if size:  # a split in several files (test, test1, ...) is logged once per file
@@ -131,7 +136,10 @@ def read_generate_output(path: str) -> GenerateOutput:
             parts = rest.split("\t", 1)  # score, then the text (empty for an empty hypothesis)
             if sid not in hyps:
                 hyps[sid] = parts[1] if len(parts) > 1 else ""
-        elif sid not in refs:
+        elif sid in refs:
+            fail(f"{path} holds the reference of sentence {sid} twice (T-{sid}): it is more than one "
+                 "fairseq-generate output; score each run's output apart")
+        else:
             refs[sid] = rest
     if not hyps:
         fail(f"{path} holds no hypotheses (H-<id> lines): pass fairseq-generate's output, "

@@ -90,6 +90,17 @@ def test_average_errors_are_one_line_and_write_nothing(tmp_path):
     assert not out.exists() and not list(tmp_path.glob("*.tmp"))
 
 
+def test_an_average_over_one_of_the_checkpoints_of_its_folder_is_refused(tmp_path):
+    """--inputs CK --num-epoch-checkpoints 2 --output CK/checkpoint4.pt replaced checkpoint4.pt, an input, exit 0."""
+    for epoch in (3, 4):
+        _checkpoint(tmp_path / f"checkpoint{epoch}.pt", seed=epoch)
+    before = (tmp_path / "checkpoint4.pt").read_bytes()
+    assert "would write over --inputs" in error_of(average, "--inputs", tmp_path, "--num-epoch-checkpoints", 2,
+                                                   "--output", tmp_path / "checkpoint4.pt")
+    assert (tmp_path / "checkpoint4.pt").read_bytes() == before
+    average("--inputs", tmp_path, "--num-epoch-checkpoints", 2, "--output", tmp_path / "checkpoint.avg.pt")
+
+
 def lm_checkpoint(path, data, memory_span=1024, **args):
     """A feedback_lm checkpoint as fairseq-train records its options (every option in one Namespace)."""
     g = torch.Generator().manual_seed(len(str(path)))

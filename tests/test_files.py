@@ -4,9 +4,11 @@ import argparse
 import json
 import os
 import resource
+import signal
 import stat
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -182,3 +184,19 @@ def test_an_output_that_is_a_device_is_written_not_replaced(tmp_path):
     with atomic_file(null) as f:
         f.write("predictions")
     assert stat.S_ISCHR(os.stat(null).st_mode) and os.listdir(tmp_path) == ["null"]
+
+
+def test_ctrl_c_is_one_line_and_leaves_nothing(tmp_path):
+    """Ctrl-C while a data script writes (synthetic_translation): a traceback before."""
+    out = tmp_path / "corpus"
+    proc = subprocess.Popen([sys.executable, "-m", "fairseq_feedback_cli.data_prep.synthetic_translation", "--out",
+                             str(out), "--train", "3000000"], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as a terminal
+    deadline = time.time() + 120
+    while not any(tmp_path.iterdir()) and time.time() < deadline:  # writing
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1 and "Traceback" not in err and err.strip().splitlines()[-1].startswith(
+        "error: interrupted"), err
+    assert list(tmp_path.iterdir()) == []

@@ -172,6 +172,17 @@ def test_an_output_cut_short_is_refused_unless_a_subset_is_asked_for(tmp_path, c
     assert capsys.readouterr().out == ""
 
 
+@pytest.mark.parametrize("references", [True, False], ids=["with references", "without"])
+def test_two_outputs_concatenated_are_refused_not_scored_as_one(tmp_path, references):
+    """Two runs' outputs in one file (every id twice) were scored as one run, the second taken for n-best entries."""
+    first = generate_output(tmp_path / "a.out", [("a b c d", "a b c d"), ("e f g h", "e f g h")])
+    second = generate_output(tmp_path / "b.out", [("a b x d", "a b c d"), ("e f g h", "e f g h")])
+    both = tmp_path / "both.out"
+    both.write_text("".join(line for path in (first, second) for line in path.read_text().splitlines(True)
+                            if references or not line.startswith("T-")))
+    assert "more than one fairseq-generate" in error_of(score, "--metric", "bleu", "--gen", both)
+
+
 def test_sentences_fairseq_left_out_are_named(tmp_path, capsys):
     pairs = [("a b c d", "a b c d")] * 4
     gen = generate_output(tmp_path / "gen.out", pairs, order=[0, 1, 3])  # a batch dropped: sentence 2
