@@ -66,8 +66,12 @@ def atomic_file(path: PathLike, mode: str = "w", **open_kwargs) -> Iterator:
     the block ends without an error; after an error `path` is as it was."""
     path = Path(path)
     if path.exists() and not path.is_file():  # a device or a pipe (/dev/null, a FIFO): written, never replaced
-        with open(path, mode, **open_kwargs) as f:
-            yield f
+        try:
+            with open(path, mode, **open_kwargs) as f:
+                yield f
+        except BaseException as e:
+            _name_unnamed_write(e, path)
+            raise
         return
     partial = partial_path(path)
     try:

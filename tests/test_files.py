@@ -184,6 +184,13 @@ def test_an_output_that_is_a_device_is_written_not_replaced(tmp_path):
     with atomic_file(null) as f:
         f.write("predictions")
     assert stat.S_ISCHR(os.stat(null).st_mode) and os.listdir(tmp_path) == ["null"]
+    full = tmp_path / "full"
+    os.mknod(full, stat.S_IFCHR | 0o666, os.makedev(1, 7))  # /dev/full's: every write fails, the disk full
+    with pytest.raises(OSError) as refused:
+        with atomic_file(full) as f:
+            f.write("predictions")
+            f.flush()
+    assert refused.value.filename == str(full) and stat.S_ISCHR(os.stat(full).st_mode)
 
 
 def test_ctrl_c_is_one_line_and_leaves_nothing(tmp_path):
