@@ -183,6 +183,16 @@ def save(state: dict, output: str) -> None:
         torch.save(state, f)
 
 
+def check_not_a_checkpoint_of(folder: str, output: str) -> None:
+    """The average of a save dir's last checkpoints goes beside them, not
+    over one of the run's checkpoints (averaged or not: training made it)."""
+    name = os.path.basename(output)
+    trained = EPOCH.fullmatch(name) or UPDATE.fullmatch(name) or name in ("checkpoint_last.pt", "checkpoint_best.pt")
+    if trained and os.path.exists(output) and os.path.samefile(os.path.dirname(os.path.abspath(output)), folder):
+        fail(f"--output {output} would replace {name}, a checkpoint that training wrote in --inputs {folder}: "
+             f"pass another name, as {os.path.join(folder, 'checkpoint.avg.pt')}")
+
+
 def parser() -> argparse.ArgumentParser:
     p = ArgumentParser(
         prog="feedback-average-checkpoints",
@@ -211,6 +221,7 @@ def main(argv: Optional[List[str]] = None) -> None:
             fail("with --num-epoch-checkpoints or --num-update-checkpoints, --inputs takes one folder")
         paths = last_checkpoints(args.inputs[0], num, args.num_update_checkpoints is not None,
                                  args.checkpoint_upper_bound)
+        check_not_a_checkpoint_of(args.inputs[0], args.output)
     else:
         if args.checkpoint_upper_bound is not None:
             fail("--checkpoint-upper-bound needs --num-epoch-checkpoints or --num-update-checkpoints")

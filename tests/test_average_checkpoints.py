@@ -91,14 +91,19 @@ def test_average_errors_are_one_line_and_write_nothing(tmp_path):
 
 
 def test_an_average_over_one_of_the_checkpoints_of_its_folder_is_refused(tmp_path):
-    """--inputs CK --num-epoch-checkpoints 2 --output CK/checkpoint4.pt replaced checkpoint4.pt, an input, exit 0."""
+    """--inputs CK --num-epoch-checkpoints 2 --output CK/checkpoint4.pt replaced checkpoint4.pt, exit 0, whether
+    it was averaged or not."""
     for epoch in (3, 4):
         _checkpoint(tmp_path / f"checkpoint{epoch}.pt", seed=epoch)
     before = (tmp_path / "checkpoint4.pt").read_bytes()
-    assert "would write over --inputs" in error_of(average, "--inputs", tmp_path, "--num-epoch-checkpoints", 2,
-                                                   "--output", tmp_path / "checkpoint4.pt")
+    assert "a checkpoint that training wrote" in error_of(average, "--inputs", tmp_path, "--num-epoch-checkpoints", 2,
+                                                          "--output", tmp_path / "checkpoint4.pt")
     assert (tmp_path / "checkpoint4.pt").read_bytes() == before
+    _checkpoint(tmp_path / "checkpoint2.pt", seed=2)  # and one it does not average, which training wrote
+    assert "a checkpoint that training wrote" in error_of(average, "--inputs", tmp_path, "--num-epoch-checkpoints", 2,
+                                                          "--output", tmp_path / "checkpoint2.pt")
     average("--inputs", tmp_path, "--num-epoch-checkpoints", 2, "--output", tmp_path / "checkpoint.avg.pt")
+    average("--inputs", tmp_path, "--num-epoch-checkpoints", 2, "--output", tmp_path / "checkpoint.avg.pt")  # again
 
 
 def lm_checkpoint(path, data, memory_span=1024, **args):
