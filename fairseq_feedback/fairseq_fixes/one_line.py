@@ -23,7 +23,6 @@ project's tools through their main. With FAIRSEQ_FEEDBACK_TRACEBACK set,
 every exception keeps its traceback.
 """
 
-import errno
 import os
 import re
 import shlex
