@@ -97,6 +97,11 @@ def test_beam_search_scores_equal_teacher_forced_scores(flags):
     hypos = generator.generate([model], {"net_input": {"src_tokens": src, "src_lengths": src_lengths}})
     lengths = {len(h[0]["tokens"]) for h in hypos}
     assert len(lengths) > 1, "all sentences ended together; the shrinking batch went untested"
+    assert_scored_as_teacher_forced(model, d, src, src_lengths, hypos)
+
+
+def assert_scored_as_teacher_forced(model, d, src, src_lengths, hypos):
+    """Every hypothesis's positional scores are those of its tokens fed to the model teacher-forced."""
     for i, nbest in enumerate(hypos):
         for hypo in nbest:
             tokens = hypo["tokens"]
@@ -298,13 +303,8 @@ def test_the_transformer_baselines_beam_search_shares_encoder_keys_and_aligns():
     model, d = tiny_translation_model("--memory-span", "5", "--no-feedback")
     model.eval()
     src, src_lengths, _ = batch(d, rows=4)
-    for i, nbest in enumerate(aligned_beam_search(model, d, src, src_lengths, shrinking=False)):
-        for hypo in nbest:
-            tokens = hypo["tokens"]
-            prev = torch.cat([tokens.new_tensor([d.eos()]), tokens[:-1]]).unsqueeze(0)
-            lprobs = teacher_forced(model, src[i : i + 1], src_lengths[i : i + 1], prev)[0]
-            scores = lprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)
-            torch.testing.assert_close(hypo["positional_scores"], scores, atol=1e-4, rtol=0)
+    assert_scored_as_teacher_forced(model, d, src, src_lengths,
+                                    aligned_beam_search(model, d, src, src_lengths, shrinking=False))
 
 
 def test_layerdrop_trains_and_decodes():
