@@ -18,7 +18,7 @@ def fail(message: str) -> NoReturn:
     raise SystemExit(f"error: {message}")
 
 
-def command(main: Callable) -> Callable:
+def command(main: Callable, interrupted: str = "nothing it was writing was left; rerun the same command") -> Callable:
     """Every command's main: a write the system refuses midway (a full disk,
     a file-size limit, a read-only disk) ends it in one line naming the file
     and the fix, as a mistake does, wherever the write was, and so does
@@ -30,7 +30,7 @@ def command(main: Callable) -> Callable:
         try:
             return main(*args, **kwargs)
         except KeyboardInterrupt:
-            fail("interrupted: nothing it was writing was left; rerun the same command")
+            fail(f"interrupted; {interrupted}")
         except Exception as e:
             from fairseq_feedback.errors import PATH_FIXES, refused_write  # on failure alone: it imports torch
 

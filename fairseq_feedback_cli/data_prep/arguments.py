@@ -17,10 +17,7 @@ def log(message: str) -> None:
 
 def run_cli(main: Callable[[], None]) -> None:
     stop_on_sigterm()  # fairseq-preprocess, tokenizers and partial folders end with the script
-    try:
-        command(main)()
-    except KeyboardInterrupt:
-        fail("interrupted; rerun the same command to resume")
+    command(main, interrupted="rerun the same command to resume")()
 
 
 def make_parser(name: str, description: str) -> argparse.ArgumentParser:
