@@ -144,10 +144,14 @@ RECIPES = {
                overrides(LM_TINY, **{"--batch-size": 4, "--tokens-per-sample": 64, "--max-tokens": 128,
                                      "--warmup-updates": 2}),
                paper=TABLE9, streams_per_update=512, finetunes="--lr 0.00007 --max-update 210000"),
-        # the WikiText-103 recipe's 8-GPU command with one thing changed: 14 models, so each trains 2 updates
-        # in one CPU worker (the WikiText-103 recipe's test runs that command on two)
+        # the recipes' 8-GPU commands with one thing changed: 26 models, so each trains 2 updates in one CPU
+        # worker (the WikiText-103 recipe's test runs that command on two); of the loops over Figures 5 and 8's
+        # compositions and Figure 9's depths, the first and the last of each (ABLATIONS_TRAINED)
         Recipe("ablations", lambda raw: {"wikitext103": fx.write_wikitext(raw), "char_ptb": fx.write_char_ptb(raw)},
-               [_prepare("prepare_wikitext103"), _prepare("prepare_char_ptb", **_char_ptb_sizes())],
+               [_prepare("prepare_wikitext103"), _prepare("prepare_char_ptb", **_char_ptb_sizes()),
+                ("for COMPOSITION in weighted top average layer:0 layer:1 layer:2 layer:3 layer:4 layer:5; do",
+                 "for COMPOSITION in weighted layer:5; do"),
+                ("for LAYERS in 1 2 4 6 8; do", "for LAYERS in 1 8; do")],
                one_worker(ABLATIONS_TINY),
                fresh_save_dirs=False),
         # one CPU worker for each 8-GPU command (the WikiText-103 recipe's test runs that form on two), of 32
