@@ -234,8 +234,6 @@ def main(argv: Optional[List[str]] = None) -> None:
     try:
         state = average(paths)
         save(state, args.output)
-    except KeyboardInterrupt:
-        fail("interrupted; nothing was written")
     except MemoryError:
         fail("out of memory while averaging")
     names = ", ".join(os.path.basename(path) for path in paths)

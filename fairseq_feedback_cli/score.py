@@ -274,18 +274,15 @@ def evaluate(args, gen: Optional[str]):
 @command
 def main(argv: Optional[List[str]] = None) -> None:
     args = parser().parse_args(argv)
-    try:
-        if args.gen is not None and len(args.gen) > 1:
-            if "-" in args.gen:
-                fail("standard input ('-') can only be the one --gen")
-            ranked = sorted(((evaluate(args, gen)[0], gen) for gen in args.gen), key=lambda x: -x[0])
-            for score, gen in ranked:
-                print(f"{score:.2f}\t{gen}")
-            return
-        score, lines = evaluate(args, args.gen[0] if args.gen else None)
-        print(f"{score:.2f}" if args.quiet else "\n".join(lines))
-    except KeyboardInterrupt:
-        fail("interrupted")
+    if args.gen is not None and len(args.gen) > 1:
+        if "-" in args.gen:
+            fail("standard input ('-') can only be the one --gen")
+        ranked = sorted(((evaluate(args, gen)[0], gen) for gen in args.gen), key=lambda x: -x[0])
+        for score, gen in ranked:
+            print(f"{score:.2f}\t{gen}")
+        return
+    score, lines = evaluate(args, args.gen[0] if args.gen else None)
+    print(f"{score:.2f}" if args.quiet else "\n".join(lines))
 
 
 if __name__ == "__main__":
