@@ -10,6 +10,7 @@ import logging
 
 import pytest
 import torch
+from fairseq.modules.fairseq_dropout import FairseqDropout
 from helpers import (DEPTHS, assert_same_loss_and_gradients, batch, loop_runs, loss_and_gradients, make_dictionary,
                      on_loop_runs, tiny_lm, tiny_translation_model)
 
@@ -116,26 +117,44 @@ def test_a_stream_trains_block_after_block_as_through_autograd(flags, span, monk
     assert len(ran) == 5 and True in kept and (False in kept) == (span == 40)
 
 
-class ReplayedDropout(torch.nn.Module):
+class ReplayedDropout(FairseqDropout):
     """A layer's dropout, multiplying by the masks the fused block drew for
-    it (scaled), in the order the loop through autograd asks for them."""
+    it (scaled, as many elements as its input, viewed as it), in the order
+    the loop through autograd asks for them."""
 
     def __init__(self, masks):
-        super().__init__()
+        super().__init__(p=0.5)  # a rate that drops: the masks are the dropout
         self.masks = iter(masks)
 
     def forward(self, x, inplace=False):
-        return x * next(self.masks)
+        return x * next(self.masks).reshape(x.shape)
 
 
+def replay(block, layers, monkeypatch):
+    """Each layer's dropout modules replaying what `block` (a FusedFeedbackLoop) drew for it."""
+    steps = range(len(block.step_masks))
+    for i, layer in enumerate(layers):
+        at = [block.step_masks[t][i] for t in steps]  # [sublayers, ...] at each step, in the order the loop reads them
+        for module, masks in [(layer, [m for masks in at for m in masks.residual]),
+                              (layer.self_attn, [masks.attention for masks in at])]:
+            monkeypatch.setattr(module, "dropout_module", ReplayedDropout(masks))
+        monkeypatch.setattr(layer, "activation_dropout_module", ReplayedDropout([masks.activation for masks in at]))
+        if layer.encoder_attn is not None:
+            monkeypatch.setattr(layer.encoder_attn, "dropout_module",
+                                ReplayedDropout([masks.encoder_attention for masks in at]))
+
+
+@pytest.mark.parametrize("depth", DEPTHS.values(), ids=DEPTHS.keys())
 @pytest.mark.parametrize("flags", [[], ["--decoder-normalize-before", "--relative-positions"]],
                          ids=["post-norm", "pre-norm"])
 def test_with_dropout_the_fused_block_trains_as_the_loop_through_autograd_with_its_masks(
-        flags, monkeypatch):
-    """The block draws every mask at once; the loop through autograd, given
-    those masks, computes the same loss and gradients."""
+        flags, depth, monkeypatch):
+    """The block draws every mask at once (the residual branches', the
+    feed-forward hidden layer's, the attention weights' over the memory
+    and over the encoder); the loop through autograd, given those masks,
+    computes the same loss and gradients."""
     model, d = tiny_translation_model("--memory-span", "4", "--dropout", "0.3", "--activation-dropout", "0.2",
-                                      *flags, layers=3)
+                                      "--attention-dropout", "0.1", *flags, layers=depth)
     trained(model).train()
     src, src_lengths, prev = batch(d)
     target = torch.randint(d.nspecial, len(d), prev.shape)
@@ -144,19 +163,18 @@ def test_with_dropout_the_fused_block_trains_as_the_loop_through_autograd_with_i
     model.zero_grad()
     fused = loss_and_gradients(model, lambda: model(src, src_lengths, prev)[0], target)
     (block,) = blocks
-    masks, activation_masks = block.records.masks, block.records.activation_masks
-    assert masks is not None and activation_masks is not None
-    steps, layers, sublayers = masks.shape[:3]
-    for i, layer in enumerate(model.decoder.layers):  # [steps, sublayers] in the order the loop reads them
-        monkeypatch.setattr(layer, "dropout_module", ReplayedDropout(masks[:, i].flatten(0, 1)))
-        monkeypatch.setattr(layer, "activation_dropout_module", ReplayedDropout(activation_masks[:, i]))
+    drawn = block.records.dropout
+    assert None not in drawn
+    replay(block, model.decoder.layers, monkeypatch)
     with through_autograd(model):
         torch.manual_seed(0)  # the encoder's and the embeddings' dropout as before
         model.zero_grad()
         reference = loss_and_gradients(model, lambda: model(src, src_lengths, prev)[0], target)
     assert_same_loss_and_gradients(fused, reference)
     # the masks are dropout's: about 1 - p kept, scaled by 1 / (1 - p)
-    assert torch.equal(masks.unique(), torch.tensor([0, 1 / 0.7])) and abs(float((masks > 0).float().mean()) - 0.7) < 0.1
+    for masks, p in zip(drawn, (0.3, 0.2, 0.1, 0.1)):
+        assert torch.equal(masks.unique(), torch.tensor([0, 1 / (1 - p)]))
+        assert abs(float((masks > 0).float().mean()) - (1 - p)) < 0.1
 
 
 def test_under_layerdrop_the_fused_block_trains_the_layers_kept():
@@ -260,6 +278,27 @@ def test_decoding_without_gradients_records_nothing_for_a_backward(monkeypatch):
     (block,) = blocks
     assert not block.recording
     assert not block.kv_proj.inputs.kept and not block.layers[1].self_attn.queries
+
+
+def test_evaluation_draws_no_dropout_and_dropout_retained_in_inference_runs_through_autograd(caplog, monkeypatch):
+    """Evaluated, the block draws no mask. fairseq's --retain-dropout keeps
+    chosen dropout modules on in inference (--retain-dropout-modules; here
+    the memory attention's alone): the loop through autograd applies them."""
+    model, d = tiny_translation_model("--dropout", "0.3", "--attention-dropout", "0.2", "--activation-dropout", "0.1")
+    model.eval()
+    src, src_lengths, prev = batch(d)
+    ran = loop_runs(monkeypatch)
+    with torch.no_grad():
+        model(src, src_lengths, prev)
+    (block,) = ran
+    assert isinstance(block, FusedFeedbackLoop) and all(masks is None for masks in block.records.dropout)
+    for name, module in model.named_modules():  # as fairseq-generate's model.prepare_for_inference_ does
+        if isinstance(module, FairseqDropout):
+            module.make_generation_fast_(name, retain_dropout=True, retain_dropout_modules=["FeedbackAttention"])
+    with torch.no_grad(), caplog.at_level(logging.INFO):
+        twice = [model(src, src_lengths, prev)[0] for _ in range(2)]
+    assert [type(runner) for runner in ran[1:]] == [ReferenceLoop] * 2 and not torch.equal(*twice)
+    assert any("--retain-dropout runs step by step" in r.message for r in caplog.records)
 
 
 @pytest.mark.parametrize("flags", [[], ["--persistent-vectors", "2"]], ids=["fused", "not covered"])

@@ -11,11 +11,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 from fairseq.modules import gelu as fairseq_gelu
+from fairseq.modules.fairseq_dropout import FairseqDropout
 from helpers import tiny_translation_model
 from torch import nn
 
 from fairseq_feedback.loop.fused_block import encoder_reads
-from fairseq_feedback.loop.fused_layer import FusedLayer, weighted
+from fairseq_feedback.loop.fused_layer import DropoutMasks, FusedLayer, weighted
 from fairseq_feedback.loop.operators import (Attention, Linear, MemoryWindows, Mixing, Norm, per_row, residual,
                                              residual_grad)
 from fairseq_feedback.modules.memory_view import MemoryView
@@ -124,16 +125,18 @@ def attention_module():
                            out_proj=nn.Linear(HEADS * HEAD_DIM, EMBED).to(F64), num_heads=HEADS, head_dim=HEAD_DIM)
 
 
-def attention_by_autograd(module, x, keys, values, bias, groups=1):
-    """softmax(q K^T + B) V between the projections, as plain tensor operators:
+def attention_by_autograd(module, x, keys, values, bias, groups=1, mask=None):
+    """(d * softmax(q K^T + B)) V between the projections, as plain tensor operators:
     x [rows, embed]; keys, values [sequences, heads, slots, head_dim];
-    bias broadcasting to [sequences, heads, groups, slots]."""
+    bias broadcasting to [sequences, heads, groups, slots]; the dropout mask d
+    as many elements as the scores, or None."""
     sequences = keys.size(0)
     q = module.q_proj(x).view(sequences, groups, HEADS, HEAD_DIM).transpose(1, 2) * HEAD_DIM**-0.5
     scores = q @ keys.transpose(-1, -2)
     if bias is not None:
         scores = scores + bias
-    attended = scores.softmax(-1) @ values
+    weights = scores.softmax(-1)
+    attended = (weights if mask is None else weights * mask.reshape(weights.shape)) @ values
     return module.out_proj(attended.transpose(1, 2).reshape(len(x), HEADS * HEAD_DIM))
 
 
@@ -144,14 +147,22 @@ MEMORY_CASES = {
     "adaptive span's bias": dict(initial=1, span=10, span_bias=True),
     "relative positions, adaptive span's bias": dict(initial=3, span=4, positions=True, span_bias=True),
     "weights computed again in the backward": dict(initial=3, span=4, keep_probs=False, span_bias=True),
+    "dropout of the weights": dict(initial=3, span=4, positions=True, dropout=True),
+    "dropout, weights computed again": dict(initial=1, span=10, keep_probs=False, span_bias=True, dropout=True),
 }
+
+
+def dropout_masks(*shape, keep=0.8):
+    """Dropout's masks, scaled by 1 / keep."""
+    return torch.empty(*shape, dtype=F64).bernoulli_(keep).div_(keep)
 
 
 @pytest.mark.parametrize("case", MEMORY_CASES.values(), ids=MEMORY_CASES.keys())
 def test_attention_over_the_memory(case):
     """Each step reads the last `span` slots before its own (MemoryWindows),
-    their keys plus the relative positions p; g_K, g_V, g_p and g_B added in
-    place step by step; g_q through q_proj, whose dW comes once per block."""
+    their keys plus the relative positions p, its weights dropped by d;
+    g_K, g_V, g_p and g_B added in place step by step; g_q through q_proj,
+    whose dW comes once per block."""
     initial, span = case["initial"], case["span"]
     module = attention_module()
     piece = Attention(module, STEPS, recording=True, keep_probs=case.get("keep_probs", True))
@@ -160,6 +171,11 @@ def test_attention_over_the_memory(case):
     span_bias = randn(HEADS, 1, span, grad=True) if case.get("span_bias") else None
     bias = per_row(None if span_bias is None else span_bias.detach(), ROWS)
     xs = [randn(ROWS, EMBED, grad=True) for _ in range(STEPS)]
+    # the block's masks, [rows * heads, 1, slots read at most], a step's the last slots it reads
+    masks = dropout_masks(STEPS, ROWS * HEADS, 1, min(span, initial + STEPS - 1)) if case.get("dropout") else None
+
+    def mask(t):
+        return None if masks is None else masks[t][..., -min(span, initial + t):]
 
     def read(t):
         """Step t's window: keys (with positions), values and bias, as autograd sees them."""
@@ -175,8 +191,8 @@ def test_attention_over_the_memory(case):
             planes = windows.planes(t)
             keys = windows.keys(planes)
             step_bias = None if bias is None else bias[..., -planes[0].size(1):]
-            ys.append(piece(piece.q_proj(x, t), t, keys[0], planes[1], step_bias, 1))
-    expected = [attention_by_autograd(module, x, *read(t)) for t, x in enumerate(xs)]
+            ys.append(piece(piece.q_proj(x, t), t, keys[0], planes[1], step_bias, 1, mask(t)))
+    expected = [attention_by_autograd(module, x, *read(t), mask=mask(t)) for t, x in enumerate(xs)]
     for t in range(STEPS):
         assert_same(ys[t], expected[t].detach(), f"Attention: output at step {t}")
 
@@ -219,11 +235,13 @@ def test_attention_over_the_memory(case):
         assert_same(got, expected_grad, f"Attention: {name}")
 
 
-@pytest.mark.parametrize("groups", [1, 3], ids=["a row per sentence", "beam rows: 3 per sentence"])
-def test_attention_over_the_encoder(groups):
+@pytest.mark.parametrize("groups, dropout", [(1, False), (3, False), (1, True)],
+                         ids=["a row per sentence", "beam rows: 3 per sentence", "dropout of the weights"])
+def test_attention_over_the_encoder(groups, dropout):
     """Keys and values that every step reads, of `sequences` sentences,
     each read by `groups` consecutive rows (beam hypotheses) behind a
-    padding mask: g_K = sum_t g_S,t^T q_t and g_V = sum_t P_t^T g_a,t once per block."""
+    padding mask, the weights dropped by d: g_K = sum_t g_S,t^T q_t and
+    g_V = sum_t (d_t * P_t)^T g_a,t once per block."""
     sequences, src_len = 2, 5
     module = attention_module()
     piece = Attention(module, STEPS, recording=True)
@@ -234,9 +252,10 @@ def test_attention_over_the_encoder(groups):
     (read,) = encoder_reads([(keys.detach(), values.detach())], padding, sequences * groups)
     assert read[3] == groups
     xs = [randn(sequences * groups, EMBED, grad=True) for _ in range(STEPS)]
+    masks = dropout_masks(STEPS, sequences * groups * HEADS, src_len) if dropout else [None] * STEPS
     with torch.no_grad():
-        ys = [piece(piece.q_proj(x, t), t, *read) for t, x in enumerate(xs)]
-    expected = [attention_by_autograd(module, x, keys, values, padding, groups) for x in xs]
+        ys = [piece(piece.q_proj(x, t), t, *read, masks[t]) for t, x in enumerate(xs)]
+    expected = [attention_by_autograd(module, x, keys, values, padding, groups, masks[t]) for t, x in enumerate(xs)]
     for t in range(STEPS):
         assert_same(ys[t], expected[t].detach(), f"Attention ({groups} rows per sentence): output at step {t}")
     grads = [randn(sequences * groups, EMBED) for _ in range(STEPS)]
@@ -294,15 +313,16 @@ LAYERS = {
 }
 
 
-class ReplayedDropout(nn.Module):
-    """A layer's dropout, multiplying by given masks, in the order the layer asks for them."""
+class ReplayedDropout(FairseqDropout):
+    """A layer's dropout, multiplying by given masks (as many elements as
+    its input, viewed as it), in the order the layer asks for them."""
 
     def __init__(self, masks):
-        super().__init__()
+        super().__init__(p=0.5)  # a rate that drops: the masks are the dropout
         self.masks = iter(masks)
 
     def forward(self, x, inplace=False):
-        return x * next(self.masks)
+        return x * next(self.masks).reshape(x.shape)
 
 
 @pytest.mark.parametrize("dropout", [False, True], ids=["no dropout", "dropout"])
@@ -311,9 +331,11 @@ class ReplayedDropout(nn.Module):
 def test_layer(kind, first, dropout):
     """FusedLayer over a block of steps against MemoryDecoderLayer.forward_memory,
     both reading the same memory (with an adaptive span's bias) and encoder
-    output, with the same dropout masks: each step's output, g_x, the
-    memory's and the encoder's g_K, g_V, g_B, and every weight's gradient."""
-    model, _ = tiny_translation_model("--dropout", "0.3", "--activation-dropout", "0.2", *LAYERS[kind], layers=1)
+    output, with the same dropout masks (of the residual branches, the
+    feed-forward hidden layer and both attentions' weights): each step's
+    output, g_x, the memory's and the encoder's g_K, g_V, g_B, and every
+    weight's gradient."""
+    model, _ = tiny_translation_model(*LAYERS[kind], layers=1)
     layer = model.decoder.layers[0].to(F64).train()
     for norm in (layer.self_attn_layer_norm, layer.encoder_attn_layer_norm, layer.final_layer_norm):
         if norm is not None:
@@ -323,12 +345,13 @@ def test_layer(kind, first, dropout):
     name = f"FusedLayer ({kind}{', first' if first else ''}{', dropout' if dropout else ''})"
     piece = FusedLayer(layer, STEPS, recording=True, first=first)
     sublayers = len(piece.sublayers)
-    masks = activation_masks = None
-    if dropout:
-        masks = torch.empty(STEPS, sublayers, ROWS, embed, dtype=F64).bernoulli_(0.7).div_(0.7)
-        if layer.fc1 is not None:
-            activation_masks = torch.empty(STEPS, ROWS, layer.fc1.out_features, dtype=F64).bernoulli_(0.8).div_(0.8)
     sequences, src_len, slots = ROWS, 5, 1 + STEPS
+    masks = DropoutMasks()
+    if dropout:  # a step reads 1 + t slots: its memory attention's mask, the last of them
+        masks = DropoutMasks(dropout_masks(STEPS, sublayers, ROWS, embed, keep=0.7),
+                             None if layer.fc1 is None else dropout_masks(STEPS, ROWS, layer.fc1.out_features),
+                             dropout_masks(STEPS, ROWS * heads, 1, slots, keep=0.9),
+                             dropout_masks(STEPS, ROWS * heads, src_len, keep=0.6))
     memory = randn(2, ROWS, heads, slots, head_dim, grad=True)
     span_bias = randn(heads, 1, slots, grad=True)
     encoder = randn(2, sequences, heads, src_len, head_dim, grad=True)
@@ -339,7 +362,8 @@ def test_layer(kind, first, dropout):
     xs = randn(STEPS, ROWS, embed, grad=True)
 
     def masks_at(t):
-        return (None if masks is None else masks[t]), (None if activation_masks is None else activation_masks[t])
+        at_t = DropoutMasks(*(None if m is None else m[t] for m in masks))
+        return at_t if at_t.attention is None else at_t._replace(attention=at_t.attention[..., -1 - t:])
 
     def memory_read(planes, t):
         return planes[0][:, :, : 1 + t].flatten(0, 1), planes[1][:, :, : 1 + t].flatten(0, 1), bias[..., -1 - t:]
@@ -347,14 +371,16 @@ def test_layer(kind, first, dropout):
     with torch.no_grad():  # as in the block's Function
         if first:
             piece.project_block_queries(xs)
-        ys = [piece(x, t, memory_read(memory, t), encoder_read, *masks_at(t)) for t, x in enumerate(xs)]
+        ys = [piece(x, t, memory_read(memory, t), encoder_read, masks_at(t)) for t, x in enumerate(xs)]
 
     if layer.activation_fn is fairseq_gelu:  # it computes in float32: in float64, exact as the fused layer's
         layer.activation_fn = F.gelu
     if dropout:  # the reference layer's dropout: the same masks, in the order it asks for them
-        layer.dropout_module = ReplayedDropout(masks.flatten(0, 1))
-        if activation_masks is not None:
-            layer.activation_dropout_module = ReplayedDropout(activation_masks)
+        layer.dropout_module = ReplayedDropout(masks.residual.flatten(0, 1))
+        if masks.activation is not None:
+            layer.activation_dropout_module = ReplayedDropout(masks.activation)
+        layer.self_attn.dropout_module = ReplayedDropout(masks_at(t).attention for t in range(STEPS))
+        layer.encoder_attn.dropout_module = ReplayedDropout(masks.encoder_attention)
     else:
         layer.eval()
     expected = [layer.forward_memory(x, MemoryView(memory[0, :, :, : 1 + t], memory[1, :, :, : 1 + t],
@@ -370,7 +396,7 @@ def test_layer(kind, first, dropout):
         for t in reversed(range(STEPS)):
             read_grads = (*memory_read(memory_grads, t)[:2], span_bias_grads[..., -1 - t:], False)
             input_grads[t] = piece.backward(grads[t], t, memory_read(memory, t), read_grads, encoder_read[:2],
-                                            *masks_at(t))
+                                            masks_at(t))
         if first:
             piece.block_queries_backward(input_grads)
         piece.encoder_attn.key_value_grads(*(g.view(-1, src_len, head_dim) for g in encoder_grads.unbind()))

@@ -115,13 +115,17 @@ def test_hub_interface_translates_as_interactive_does(trained):
 
 
 def test_training_resumes_from_checkpoint_last(trained, tmp_path):
+    """Continued with the paper's dropout (of the attention weights and the
+    feed-forward hidden layer), which the fused block runs."""
     data, checkpoints, _ = trained
     resumed = tmp_path / "resumed"
     resumed.mkdir()
     (resumed / "checkpoint_last.pt").write_bytes((checkpoints / "checkpoint_last.pt").read_bytes())
-    log = run("train", data, *TINY, "--max-update", 820, "--save-dir", resumed).stdout
+    log = run("train", data, *TINY, "--max-update", 820, "--save-dir", resumed,
+              "--attention-dropout", 0.1, "--activation-dropout", 0.1).stdout
     assert "@ 800 updates" in log  # loaded with its optimizer and progress
     assert last_number(r"num_updates (\d+)", log) == 820
+    assert "step by step through autograd" not in log
 
 
 def test_checkpoints_load_without_running_code_and_other_objects_are_refused(trained, tmp_path):

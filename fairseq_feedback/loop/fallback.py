@@ -11,6 +11,7 @@ graphed).
 from typing import Optional, Sequence
 
 import torch
+from fairseq.modules.fairseq_dropout import FairseqDropout
 from torch import nn
 
 from ..modules.key_value_buffer import KeyValueBuffer
@@ -38,13 +39,11 @@ def unfused_reason(layers: Sequence, device_type: str, buffer: Optional[KeyValue
     for layer in layers:
         if layer is None:
             continue
-        if layer.training and (layer.self_attn.dropout or layer.encoder_attention_dropout()):
-            return "--attention-dropout"
         if layer.activation_fn not in ACTIVATIONS:
             return "an activation other than relu and gelu"
         if any(has_forward_pre_hooks(m) or has_forward_hooks(m) for m in layer.modules()):
             return "hooks on a layer's modules (--quant-noise-pq)"
-        if any(m.apply_during_inference for m in (layer.dropout_module, layer.activation_dropout_module)):
+        if any(isinstance(m, FairseqDropout) and m.apply_during_inference for m in layer.modules()):
             return "--retain-dropout"
     return None
 

@@ -26,9 +26,10 @@ reads slot t comes later.
 Attention has one query per row of the batch at a step: scores, softmax and weighted
 sum as three batched products (the fused scaled_dot_product_attention
 kernel costs more than that at this size on the CPU; its backward, ten
-times more). Dropout masks are drawn once per block, one Bernoulli draw for
-every layer and step, scaled beforehand: a residual with dropout is one
-addcmul.
+times more). Dropout masks are drawn once per block, one Bernoulli draw of
+each kind (the residual branches, the feed-forward hidden layer, each
+attention's weights) for every layer and step, scaled beforehand: a
+residual with dropout is one addcmul, the attention's weights one mul.
 
 The block's contract is kept by name. What it reads is a BlockInputs; its
 backward hands back a BlockInputs of their gradients, checked against the
@@ -53,7 +54,7 @@ from torch.autograd.function import once_differentiable
 from ..modules.feedback_attention import Alignment, aligned
 from ..modules.key_value_buffer import KeyValueBuffer
 from ..modules.memory_decoder_layer import per_layer
-from .fused_layer import FusedLayer, weighted
+from .fused_layer import NO_DROPOUT, DropoutMasks, FusedLayer, weighted
 from .operators import Linear, MemoryWindows, Mixing, Norm, per_row
 
 
@@ -103,8 +104,7 @@ class BlockRecords:
     states: Tensor  # x_t^0 .. x_t^L, [layers + 1, tgt_len, bsz, embed_dim], eq. 1's inputs; the outputs are x^L
     memories: Tensor  # m_t, [tgt_len, bsz, embed_dim]
     slots: Tensor  # the memory's keys and values, [planes, bsz, num_heads, initial + tgt_len, head_dim]
-    masks: Optional[Tensor]  # dropout's, scaled: [tgt_len, layers, sublayers, bsz, embed_dim]
-    activation_masks: Optional[Tensor]  # the activation's dropout, scaled: [tgt_len, layers, bsz, ffn_embed_dim]
+    dropout: DropoutMasks  # every step's and layer's, [tgt_len, layers, ...]
 
 
 def encoder_reads(encoder_kv: Sequence[Optional[Tuple[Tensor, Tensor]]], encoder_bias: Optional[Tensor], bsz: int):
@@ -144,7 +144,7 @@ def fused_step(x: Tensor, views: Sequence, layers: Sequence, encoder_kv: Sequenc
         if layer is not None:
             memory_read = (view.keys.flatten(0, 1), view.values.flatten(0, 1), per_row(view.bias, bsz))
             fused = FusedLayer(layer, 1, recording=False, alignment=aligned(alignment, i))
-            x = fused(x, 0, memory_read, encoder_read, None, None)
+            x = fused(x, 0, memory_read, encoder_read)
         states.append(x)
     return x, memory(states, weights)
 
@@ -173,9 +173,9 @@ class FusedFeedbackLoop:
     The buffer gets the new slots at the end of the block.
 
     Once called, a block shows whether it records for a backward
-    (`recording`), its dropout masks (`records`: BlockRecords' masks and
-    activation_masks), and whether its attention keeps its weights for the
-    backward (`keep_probs`)."""
+    (`recording`), its dropout masks (`records`: BlockRecords' dropout;
+    each step's and layer's, `step_masks`), and whether its attention keeps
+    its weights for the backward (`keep_probs`)."""
 
     def __init__(self, memory, layers: Sequence, buffer: KeyValueBuffer, window: Tuple[Tensor, ...], span: int,
                  positions: Optional[Tensor], span_biases: Sequence[Optional[Tensor]], weights: Tensor,
@@ -224,7 +224,7 @@ class FusedFeedbackLoop:
         # x_t^0 .. x_t^L, the states that eq. 1 mixes; a pre-norm layer writes its output here
         states = x.new_empty(len(self.layers) + 1, tgt_len, bsz, embed)
         states[0] = x
-        self.records = BlockRecords(states, x.new_empty(tgt_len, bsz, embed), slots, *self._draw_masks(x))
+        self.records = BlockRecords(states, x.new_empty(tgt_len, bsz, embed), slots, self._draw_masks(x, read))
         self.mixing = Mixing(self.weights, states)
         if recording:
             for layer, inputs in zip(self.layers, states):
@@ -233,28 +233,36 @@ class FusedFeedbackLoop:
             memory_reader = self.kv_proj if self.memory_layer_norm is None else self.memory_layer_norm
             memory_reader.inputs.write_into(self.records.memories)
 
-    def _draw_masks(self, x: Tensor) -> Tuple[Optional[Tensor], Optional[Tensor]]:
-        """Every dropout mask of the block in one draw, scaled by 1 / (1 - p):
-        the sublayers' and the activations' (None: no dropout)."""
+    def _draw_masks(self, x: Tensor, read: int) -> DropoutMasks:
+        """Every dropout mask of the block, one draw of each kind for all its
+        steps and layers, scaled by 1 / (1 - p) (None: no dropout); `read`:
+        the slots a step reads at most. Each step's and layer's masks are
+        viewed once (`step_masks`), the memory attention's cut to the slots
+        that the step reads (the last ones)."""
         tgt_len, bsz, embed = x.shape
-        first = self.present[0] if self.present else None
-        masks = activation_masks = None
-        if first is not None and first.dropout:
-            keep = 1 - first.dropout
-            shape = (tgt_len, len(self.layers), len(first.sublayers), bsz, embed)
-            masks = x.new_empty(shape).bernoulli_(keep).div_(keep)
-        if first is not None and first.activation_dropout:
-            keep = 1 - first.activation_dropout
-            shape = (tgt_len, len(self.layers), bsz, first.fc1.weight.size(0))
-            activation_masks = x.new_empty(shape).bernoulli_(keep).div_(keep)
-        # each step's and layer's views, made once
-        self.mask_views, self.activation_mask_views = (
-            [[None] * len(self.layers)] * tgt_len if drawn is None else [list(at_t.unbind(0)) for at_t in drawn.unbind(0)]
-            for drawn in (masks, activation_masks))
-        return masks, activation_masks
+        layers, first = len(self.layers), (self.present[0] if self.present else None)
+        self.step_masks = [[NO_DROPOUT] * layers] * tgt_len
+        if first is None:
+            return NO_DROPOUT
+        encoder_read = next((r for r in self.encoder_reads if r is not None), None)
+        shapes = DropoutMasks(
+            (len(first.sublayers), bsz, embed), None if first.fc1 is None else (bsz, first.fc1.weight.size(0)),
+            (bsz * self.num_heads, 1, read),
+            None if encoder_read is None else (bsz * first.encoder_attn.num_heads, encoder_read[0].size(1)))
+        rates = (first.dropout, first.activation_dropout, first.attention_dropout, first.encoder_attention_dropout)
+        drawn = DropoutMasks(*(x.new_empty(tgt_len, layers, *shape).bernoulli_(1 - p).div_(1 - p)
+                               if p and shape is not None else None for p, shape in zip(rates, shapes)))
+        if all(m is None for m in drawn):
+            return drawn
+        unbound = [None if m is None else [at_t.unbind(0) for at_t in m.unbind(0)] for m in drawn]
 
-    def _masks(self, t: int, layer: int):
-        return self.mask_views[t][layer], self.activation_mask_views[t][layer]
+        def at(t: int, i: int) -> DropoutMasks:
+            masks = DropoutMasks(*(None if m is None else m[t][i] for m in unbound))
+            slots = min(self.span, self.initial + t)
+            return masks if masks.attention is None else masks._replace(attention=masks.attention[..., -slots:])
+
+        self.step_masks = [[at(t, i) for i in range(layers)] for t in range(tgt_len)]
+        return drawn
 
     # --- forward ------------------------------------------------------------------------------------
 
@@ -273,7 +281,7 @@ class FusedFeedbackLoop:
                 if layer is not None:
                     bias = None if self.biases[i] is None else self.biases[i][..., -planes[0].size(1):]
                     memory_read = (keys[layer.plane // 2], planes[layer.plane + 1], bias)
-                    h = layer(h, t, memory_read, self.encoder_reads[i], *self._masks(t, i),
+                    h = layer(h, t, memory_read, self.encoder_reads[i], self.step_masks[t][i],
                               states[i + 1, t] if pre_norm else None)
                 elif pre_norm:
                     states[i + 1, t] = h
@@ -340,7 +348,7 @@ class FusedFeedbackLoop:
                     encoder_read = None if self.encoder_reads[i] is None else self.encoder_reads[i][:2]
                     grad = layer.backward(grad, t, (keys[k], planes[layer.plane + 1], bias),
                                           (key_grads[k], plane_grads[layer.plane + 1], bias_grad, overwrite[k]),
-                                          encoder_read, *self._masks(t, i))
+                                          encoder_read, self.step_masks[t][i])
                     overwrite[k] = False
                 # the input's share of m_t, where the layer below records its output's gradient
                 grad = mixing.add_share(grad, memory_grad, i, input_grads[t] if i == 0 else below)

@@ -15,10 +15,12 @@ dropout d_a:
 
     u = fc1(x),  h = d_a * act(u),  f = fc2(h)
     g_h = fc2'(g_f),   g_u = act'(u) * (d_a * g_h),   g_x = fc1'(g_u)
+
+and the attentions' weights have a dropout of their own (operators.Attention).
 """
 
 from operator import attrgetter
-from typing import Dict, Optional, Tuple
+from typing import Dict, NamedTuple, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +36,20 @@ ACTIVATIONS = {F.relu: "relu", fairseq_gelu: "gelu"}
 # head_dim] and a bias on the scores; the encoder's also its hypotheses per sentence (beam)
 MemoryRead = Tuple[Tensor, Tensor, Optional[Tensor]]
 EncoderRead = Tuple[Tensor, Tensor, Optional[Tensor], int]
+
+
+class DropoutMasks(NamedTuple):
+    """A layer's dropout masks at a step, scaled by 1 / (1 - p) (None: no
+    dropout); a block draws them for all its steps and layers at once, each
+    field with [tgt_len, layers] in front (fused_block.py)."""
+
+    residual: Optional[Tensor] = None  # the sublayers' branches, [sublayers, bsz, embed_dim]
+    activation: Optional[Tensor] = None  # the feed-forward hidden layer's, [bsz, ffn_embed_dim]
+    attention: Optional[Tensor] = None  # the memory attention's weights, [bsz * num_heads, 1, slots read at most]
+    encoder_attention: Optional[Tensor] = None  # the encoder attention's weights, [bsz * num_heads, src_len]
+
+
+NO_DROPOUT = DropoutMasks()
 
 # The one list of a layer's weighted modules (a weight and a bias each), by
 # sublayer: the sublayer's attribute (None where the layer has none) and its
@@ -88,8 +104,12 @@ class FusedLayer:
             self.activation = ACTIVATIONS[layer.activation_fn]
             self.activation_saved: Dict[int, Tensor] = {}  # relu's output, gelu's input
             self.sublayers.append((self.final_layer_norm, self.fc2))
+        # the dropout of the residual branches, of the feed-forward hidden layer and of each attention's weights
         self.dropout = layer.dropout_module.p if layer.training else 0.0
         self.activation_dropout = layer.activation_dropout_module.p if layer.training and self.fc1 else 0.0
+        self.attention_dropout = layer.self_attn.dropout_module.p if layer.training else 0.0
+        self.encoder_attention_dropout = (layer.encoder_attn.dropout_module.p  # fairseq's MultiheadAttention's
+                                          if layer.training and self.encoder_attn else 0.0)
         self.block_queries: Optional[Tensor] = None  # [tgt_len, bsz, embed_dim]
 
     def read_inputs_from(self, states: Tensor) -> None:
@@ -127,23 +147,23 @@ class FusedLayer:
     # --- a step ---------------------------------------------------------------------------------------
 
     def __call__(self, x: Tensor, t: int, memory_read: MemoryRead, encoder_read: Optional[EncoderRead],
-                 masks: Optional[Tensor], activation_mask: Optional[Tensor], out: Optional[Tensor] = None) -> Tensor:
-        """The layer at step t: x [bsz, embed_dim]; masks [sublayers, rows,
-        embed] and activation_mask [bsz, ffn_embed_dim], scaled (None: no dropout).
-        `out`: where a pre-norm layer writes its output."""
+                 masks: DropoutMasks = NO_DROPOUT, out: Optional[Tensor] = None) -> Tensor:
+        """The layer at step t: x [bsz, embed_dim], with the step's dropout
+        `masks`. `out`: where a pre-norm layer writes its output."""
         self_attn, encoder_attn = self.self_attn, self.encoder_attn
 
         def self_attention(h):
             q = self.block_queries[t] if self.first else self_attn.q_proj(h, t)
-            return self_attn(q, t, *memory_read, 1)
+            return self_attn(q, t, *memory_read, 1, masks.attention)
 
         branches = [self_attention]
         if encoder_attn is not None:
-            branches.append(lambda h: encoder_attn(encoder_attn.q_proj(h, t), t, *encoder_read))
+            branches.append(lambda h: encoder_attn(encoder_attn.q_proj(h, t), t, *encoder_read,
+                                                   masks.encoder_attention))
         if self.fc1 is not None:
-            branches.append(lambda h: self._feed_forward(h, t, activation_mask))
+            branches.append(lambda h: self._feed_forward(h, t, masks.activation))
         for k, branch in enumerate(branches):
-            mask = None if masks is None else masks[k]
+            mask = None if masks.residual is None else masks.residual[k]
             norm = self.sublayers[k][0]
             if self.pre_norm:  # into the next sublayer's records, or `out`
                 f = branch(None if k == 0 and self.first else norm(x, t))
@@ -174,12 +194,11 @@ class FusedLayer:
 
     def backward(self, grad: Tensor, t: int, memory_read: MemoryRead,
                  memory_read_grads: Tuple[Tensor, Tensor, Optional[Tensor], bool],
-                 encoder_read: Optional[Tuple[Tensor, Tensor]], masks: Optional[Tensor],
-                 activation_mask: Optional[Tensor]) -> Tensor:
-        """g_x of step t from g_y, `grad`. The memory's (keys, values,
-        bias; whether to write the keys' rather than add) gradients are
-        added into memory_read_grads; the encoder's come once per block
-        (Attention.key_value_grads)."""
+                 encoder_read: Optional[Tuple[Tensor, Tensor]], masks: DropoutMasks = NO_DROPOUT) -> Tensor:
+        """g_x of step t from g_y, `grad`, with the step's dropout `masks`.
+        The memory's (keys, values, bias; whether to write the keys' rather
+        than add) gradients are added into memory_read_grads; the encoder's
+        come once per block (Attention.key_value_grads)."""
 
         def self_attention(g, g_r, into):
             queries = self.self_attn.backward(g, t, *memory_read, *memory_read_grads)
@@ -194,9 +213,9 @@ class FusedLayer:
                 encoder_attn.backward(g, t, *encoder_read), t, g_r, into))
         if self.fc1 is not None:
             branches.append(lambda g, g_r, into: self._feed_forward_backward(
-                g, t, activation_mask, g_r, into))
+                g, t, masks.activation, g_r, into))
         for k in reversed(range(len(branches))):
-            mask = None if masks is None else masks[k]
+            mask = None if masks.residual is None else masks.residual[k]
             norm, output = self.sublayers[k]
             if self.pre_norm:
                 g = grad if mask is None else residual_grad(grad, mask, output.output_grads.at(t, grad))

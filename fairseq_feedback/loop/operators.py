@@ -191,19 +191,20 @@ class Attention:
     query projection (q_proj, scaled by 1 / sqrt(d_head)) and its output
     projection (out_proj): per head,
 
-        S = q K^T + B,   P = softmax(S),   a = P V
+        S = q K^T + B,   P = softmax(S),   a = (d * P) V
 
-    (B: a bias on the scores, the masks and the adaptive span's log m(e)).
+    (B: a bias on the scores, the masks and the adaptive span's log m(e);
+    d: the weights' dropout mask, drawn scaled by 1 / (1 - p), or 1).
     Its backward, from out_proj's input gradient g_a:
 
-        g_P = g_a V^T
+        g_P = d * (g_a V^T)
         g_S = P * (g_P - rowsum(g_P * P))                          (softmax's backward)
-        g_q = g_S K,   g_K = g_S^T q,   g_V = P^T g_a,   g_B = sum_sentences g_S
+        g_q = g_S K,   g_K = g_S^T q,   g_V = (d * P)^T g_a,   g_B = sum_sentences g_S
 
     With one query row per sentence (the memory's), g_K and g_V are outer
     products, added in place into the memory's gradient at every step; for
     keys and values that every step reads (the encoder's), g_K = sum_t g_S,t^T q_t
-    and g_V = sum_t P_t^T g_a,t come once per block, one product each.
+    and g_V = sum_t (d_t * P_t)^T g_a,t come once per block, one product each.
     P is kept for the backward when `keep_probs`, and computed again otherwise
     (long spans, where it would take more room than the step's feed-forward
     activations).
@@ -225,6 +226,7 @@ class Attention:
         self.alignment = alignment
         self.queries: Dict[int, Tensor] = {}  # [sentences * num_heads, beam, head_dim], by step
         self.probs: Dict[int, Tensor] = {}
+        self.masks: Dict[int, Tensor] = {}  # the weights' dropout, by step
         self.score_grads: Dict[int, Tensor] = {}  # for key_value_grads
         self.attended_grads: Dict[int, Tensor] = {}
 
@@ -232,7 +234,8 @@ class Attention:
     def _scores(q: Tensor, keys: Tensor, bias: Optional[Tensor]) -> Tensor:
         return torch.bmm(q, keys.transpose(1, 2)) if bias is None else torch.baddbmm(bias, q, keys.transpose(1, 2))
 
-    def __call__(self, q: Tensor, t: int, keys: Tensor, values: Tensor, bias: Optional[Tensor], beam: int) -> Tensor:
+    def __call__(self, q: Tensor, t: int, keys: Tensor, values: Tensor, bias: Optional[Tensor], beam: int,
+                 mask: Optional[Tensor] = None) -> Tensor:
         """The attention of one step's queries.
 
         Args:
@@ -242,6 +245,8 @@ class Attention:
             bias: broadcasting to the scores [sentences * num_heads, beam, slots], or None.
             beam: rows per sentence (beam hypotheses that share the encoder's
                 keys: 1 for the memory's); bsz = sentences * beam.
+            mask: the weights' dropout d, scaled, as many elements as the
+                scores (viewed as them), or None.
 
         Returns:
             out_proj's output, [bsz, embed_dim].
@@ -250,14 +255,19 @@ class Attention:
         probs = torch.softmax(self._scores(q, keys, bias), -1)
         if self.alignment is not None:
             self.alignment.add(probs.view(-1, self.num_heads, beam, 1, probs.size(-1)))
+        if mask is not None:
+            mask = mask.view(probs.shape)
         if self.recording:
             self.queries[t], self.beam = q, beam
             if self.keep_probs:
                 self.probs[t] = probs
+            if mask is not None:
+                self.masks[t] = mask
+        dropped = probs if mask is None else torch.mul(probs, mask)
         if not self.recording or beam > 1:
-            return self.out_proj(merge_heads(torch.bmm(probs, values), self.num_heads, beam), t)
+            return self.out_proj(merge_heads(torch.bmm(dropped, values), self.num_heads, beam), t)
         attended = self.out_proj.inputs.at(t, q.view(-1, self.num_heads * q.size(-1)))  # one query row per sentence
-        torch.bmm(probs, values, out=attended.view(q.shape))
+        torch.bmm(dropped, values, out=attended.view(q.shape))
         return self.out_proj(attended, t)
 
     def backward(self, grad: Tensor, t: int, keys: Tensor, values: Tensor, bias: Optional[Tensor] = None,
@@ -268,16 +278,19 @@ class Attention:
         `key_grads` (written there if `overwrite_key_grads`), `value_grads`
         and `bias_grads` [num_heads, 1, slots]; with no `key_grads`, g_K and g_V
         come once per block (key_value_grads)."""
-        q = self.queries[t]
+        q, mask = self.queries[t], self.masks.get(t)
         probs = self.probs[t] if self.keep_probs else torch.softmax(self._scores(q, keys, bias), -1)
         attended = split_heads(self.out_proj.backward(grad, t), self.num_heads, self.beam)  # g_a
-        scores = torch._softmax_backward_data(torch.bmm(attended, values.transpose(1, 2)), probs, -1, probs.dtype)
+        prob_grads = torch.bmm(attended, values.transpose(1, 2))
+        if mask is not None:
+            prob_grads.mul_(mask)
+        scores = torch._softmax_backward_data(prob_grads, probs, -1, probs.dtype)
         if key_grads is None:
             self.score_grads[t], self.attended_grads[t] = scores, attended
         else:
             # one query row: outer products, elementwise (a batched product
             # of inner size 1 runs row by row)
-            value_grads.addcmul_(probs.transpose(1, 2), attended)
+            value_grads.addcmul_((probs if mask is None else probs * mask).transpose(1, 2), attended)
             if overwrite_key_grads:
                 torch.mul(scores.transpose(1, 2), q, out=key_grads)
             else:
@@ -300,7 +313,8 @@ class Attention:
             return torch.cat([by_step[t] for t in steps], 1)
 
         torch.bmm(joined(self.score_grads).transpose(1, 2), joined(self.queries), out=key_grads)
-        torch.bmm(joined(self.probs).transpose(1, 2), joined(self.attended_grads), out=value_grads)
+        dropped = joined(self.probs) if not self.masks else joined(self.probs) * joined(self.masks)
+        torch.bmm(dropped.transpose(1, 2), joined(self.attended_grads), out=value_grads)
 
 
 class MemoryWindows:

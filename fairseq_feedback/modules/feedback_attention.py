@@ -11,6 +11,7 @@ from typing import List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
+from fairseq.modules.fairseq_dropout import FairseqDropout
 from fairseq.modules.quant_noise import quant_noise
 from torch import Tensor, nn
 
@@ -62,7 +63,7 @@ def attend(
     keys: Tensor,
     values: Tensor,
     bias: Optional[Tensor] = None,
-    dropout_p: float = 0.0,
+    dropout: Optional[FairseqDropout] = None,
     persistent: Optional[Tuple[Tensor, Tensor]] = None,
     positions: Optional[Tuple[Tensor, Tensor]] = None,
     alignment: Optional[Alignment] = None,
@@ -84,7 +85,8 @@ def attend(
         keys, values: [sentences, num_heads, keys, head_dim].
         bias: added to the scores, broadcast to [sentences, num_heads, queries,
             keys]; -inf masks a key.
-        dropout_p: dropout of the attention weights.
+        dropout: the dropout of the attention weights (a FairseqDropout, which
+            drops in training), or None.
         persistent: the layer's persistent (keys, values), [num_heads, n, head_dim] each.
         positions: for a block, relative positions as (table [span, head_dim],
             the table index of each query-key pair [queries, keys]): adds
@@ -105,7 +107,10 @@ def attend(
         position_scores = torch.matmul(q, table.t() * head_dim**-0.5)
         position_scores = position_scores.gather(-1, table_index.expand(sentences, num_heads, -1, -1))
         bias = position_scores if bias is None else position_scores + bias
-    if torch.is_grad_enabled() and persistent is None and alignment is None:  # the fused kernel's backward is the faster one
+    dropout_p = 0.0 if dropout is None or not (dropout.training or dropout.apply_during_inference) else dropout.p
+    # the fused kernel's backward is the faster one; its dropout draws in the kernel, so a step's weights are
+    # dropped by the module (whose masks the tests hand the fused block's), a block's (the baseline's) in the kernel
+    if torch.is_grad_enabled() and persistent is None and alignment is None and (whole_block or not dropout_p):
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias, dropout_p=dropout_p)
     else:  # for a few query rows, two small matmuls beat the fused kernel's setup
         q = q * head_dim**-0.5
@@ -114,9 +119,11 @@ def attend(
             scores = scores + bias
         if persistent is not None:
             scores = torch.cat([torch.matmul(q, persistent[0].transpose(-1, -2)), scores], dim=-1)
-        weights = F.dropout(scores.softmax(-1), dropout_p)
+        weights = scores.softmax(-1)
         if alignment is not None:
-            alignment.add(weights.unflatten(2, (beam, queries)))
+            alignment.add(weights.unflatten(2, (beam, queries)))  # before dropout, as fairseq's attention returns them
+        if dropout is not None:
+            weights = dropout(weights)
         if persistent is None:
             out = torch.matmul(weights, values)
         else:
@@ -149,7 +156,8 @@ class FeedbackAttention(nn.Module):
     def __init__(self, embed_dim, num_heads, head_dim, dropout=0.0, q_noise=0.0, qn_block_size=8,
                  persistent_vectors=0, adaptive_span=None):
         super().__init__()
-        self.num_heads, self.head_dim, self.dropout = num_heads, head_dim, dropout
+        self.num_heads, self.head_dim = num_heads, head_dim
+        self.dropout_module = FairseqDropout(dropout, module_name=self.__class__.__name__)  # as fairseq's attention
         self.q_proj = quant_noise(nn.Linear(embed_dim, num_heads * head_dim), q_noise, qn_block_size)
         self.out_proj = quant_noise(nn.Linear(num_heads * head_dim, embed_dim), q_noise, qn_block_size)
         # fairseq's MultiheadAttention initialisation, so the decoders start alike
@@ -184,5 +192,5 @@ class FeedbackAttention(nn.Module):
         """
         return attend(
             x, self.q_proj, self.out_proj, memory.keys, memory.values, memory.bias,
-            self.dropout if self.training else 0.0, memory.persistent, memory.positions,
+            self.dropout_module, memory.persistent, memory.positions,
         )

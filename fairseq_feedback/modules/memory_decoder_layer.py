@@ -65,12 +65,6 @@ class MemoryDecoderLayer(TransformerDecoderLayerBase):
               for proj in (attn.k_proj, attn.v_proj)]
         return torch.stack(kv).permute(0, 2, 3, 1, 4).contiguous()
 
-    def encoder_attention_dropout(self) -> float:
-        """The encoder attention's dropout probability in training (0
-        without encoder attention). fairseq's MultiheadAttention keeps it in
-        its dropout module (fairseq-fixed 0.12.3.1 / fairseq main early 2024)."""
-        return 0.0 if self.encoder_attn is None else self.encoder_attn.dropout_module.p
-
     def _sublayer(self, x: Tensor, norm, fn) -> Tensor:
         residual = x
         if self.normalize_before:
@@ -100,12 +94,13 @@ class MemoryDecoderLayer(TransformerDecoderLayerBase):
         """
         x = self._sublayer(x, self.self_attn_layer_norm, lambda h: self.self_attn(h, memory))
         if self.encoder_attn is not None:
+            # fairseq's MultiheadAttention drops its weights with its dropout_module
+            # (fairseq-fixed 0.12.3.1 / fairseq main early 2024)
             attn = self.encoder_attn
-            dropout_p = self.encoder_attention_dropout() if self.training else 0.0
             x = self._sublayer(
                 x, self.encoder_attn_layer_norm,
                 lambda h: attend(h, attn.q_proj, attn.out_proj, encoder_kv[0], encoder_kv[1], encoder_bias,
-                                 dropout_p=dropout_p, alignment=alignment),
+                                 dropout=attn.dropout_module, alignment=alignment),
             )
         if self.fc1 is None:
             return x
