@@ -20,6 +20,9 @@ VARIANTS = {
     "top-layer memory": ["--memory-composition", "top"],
     "layer-1 memory, per-layer kv": ["--memory-composition", "layer:1", "--per-layer-kv"],
     "average memory": ["--memory-composition", "average", "--decoder-normalize-before"],
+    "recurrent memory": ["--memory-composition", "recurrent"],
+    "recurrent memory, per-layer kv, pre-norm": ["--memory-composition", "recurrent", "--per-layer-kv",
+                                                 "--decoder-normalize-before"],
 }
 
 
@@ -117,6 +120,10 @@ def reference_log_probs(model, src, src_lengths, prev, alignment=(None, None)):
     average, or one layer; layer l at step t attends to [m_{t-span}, ...,
     m_{t-1}] (m_{-1} = 0) through k = W_k m, v = W_v m, plus its persistent
     vectors; an adaptive span scales the attention weights by its soft mask.
+    The recurrent memory (Figure 5): layer l (counted from 0, its output
+    x^{l+1}) attends to a memory of its own, m^l_t = sum_{j <= l+1}
+    softmax(w^l)_j x_t^j, its keys and values from its own projection
+    (per-layer kv) or the shared one.
     Also the encoder attention's weights of the layer `alignment` names
     (layer, heads), averaged over its first heads: [rows, steps, src_len]."""
     dec = model.decoder
@@ -128,13 +135,16 @@ def reference_log_probs(model, src, src_lengths, prev, alignment=(None, None)):
     heads, head_dim, pre_norm = mem.num_heads, mem.head_dim, dec.cfg.decoder.normalize_before
     L = len(dec.layers)
     composition = dec.cfg.memory_composition
+    recurrent = composition == "recurrent"
     if composition == "weighted":
-        c = torch.softmax(mem.layer_weights, dim=0)
+        c = torch.softmax(mem.layer_weights, dim=0)[None]
     elif composition == "average":
-        c = torch.full((L + 1,), 1 / (L + 1))
+        c = torch.full((1, L + 1), 1 / (L + 1))
+    elif recurrent:  # a row per layer's memory
+        c = torch.stack([F.pad(torch.softmax(mem.layer_weights[l, : l + 2], 0), (0, L - l - 1)) for l in range(L)])
     else:
-        c = torch.zeros(L + 1)
-        c[L if composition == "top" else int(composition.split(":")[1])] = 1
+        c = torch.zeros(1, L + 1)
+        c[0, L if composition == "top" else int(composition.split(":")[1])] = 1
 
     def attention(q, k, v, bias, persistent=None, mask=None):  # q [B, H, dh]; k, v [B, H, N, dh]
         scores = torch.einsum("bhd,bhnd->bhn", q, k) / math.sqrt(head_dim) + bias
@@ -155,19 +165,27 @@ def reference_log_probs(model, src, src_lengths, prev, alignment=(None, None)):
         out = h + f(norm(h) if pre_norm else h)
         return out if pre_norm else norm(out)
 
+    def keys_values(window, l):  # what layer l reads of the memories in `window` [N, memories, B, D]: [B, H, N, dh]
+        memory = window[:, l if recurrent else 0]
+        weight, bias, pair = mem.kv_proj.weight, mem.kv_proj.bias, 2 * heads * head_dim
+        if recurrent and not mem.shared_kv:  # layer l's projection of layer l's memory
+            weight, bias = weight[pair * l: pair * (l + 1)], bias[pair * l: pair * (l + 1)]
+        kv = F.linear(mem.layer_norm(memory) if pre_norm else memory, weight, bias)
+        kv = kv.view(len(window), rows, -1, heads, head_dim).permute(2, 1, 3, 0, 4)  # [planes, B, H, N, dh]
+        plane = 0 if mem.shared_kv or recurrent else 2 * l
+        return kv[plane], kv[plane + 1]
+
     span = dec.current_span()
-    memories = torch.zeros(1, rows, dec.embed_dim)  # m_{-1}
+    memories = torch.zeros(1, len(c), rows, dec.embed_dim)  # m_{-1}
     outputs, aligned = [], []
     aligned_layer, aligned_heads = alignment
     aligned_layer = L - 1 if aligned_layer is None else aligned_layer
     for t in range(steps):
         window = memories[-span:]
-        kv = mem.kv_proj(mem.layer_norm(window) if pre_norm else window)
-        kv = kv.view(len(window), rows, -1, heads, head_dim).permute(2, 1, 3, 0, 4)  # [planes, B, H, N, dh]
         position_bias = 0.0
         h, states = x0[t], [x0[t]]
         for l, layer in enumerate(dec.layers):
-            plane = 0 if mem.shared_kv else 2 * l
+            keys, values = keys_values(window, l)
             attn = layer.self_attn
             if dec.key_positions is not None:
                 q = attn.q_proj(layer.self_attn_layer_norm(h) if pre_norm else h).view(rows, heads, head_dim)
@@ -182,8 +200,8 @@ def reference_log_probs(model, src, src_lengths, prev, alignment=(None, None)):
                 n = attn.persistent_keys.size(1)
                 persistent = (attn.persistent_keys * math.sqrt(head_dim), attn.persistent_values * math.sqrt(n))
             h = sublayer(h, layer.self_attn_layer_norm, lambda x: attn.out_proj(
-                attention(attn.q_proj(x).view(rows, heads, head_dim), kv[plane], kv[plane + 1], position_bias,
-                          persistent, mask)))
+                attention(attn.q_proj(x).view(rows, heads, head_dim), keys, values, position_bias, persistent,
+                          mask)))
             ea = layer.encoder_attn
             ek = ea.k_proj(enc).view(-1, rows, ea.num_heads, ea.head_dim).permute(1, 2, 0, 3)
             ev = ea.v_proj(enc).view(-1, rows, ea.num_heads, ea.head_dim).permute(1, 2, 0, 3)
@@ -198,7 +216,7 @@ def reference_log_probs(model, src, src_lengths, prev, alignment=(None, None)):
                 h = sublayer(h, layer.final_layer_norm, lambda x: layer.fc2(F.relu(layer.fc1(x))))
             states.append(h)
         outputs.append(h)
-        m_t = sum(c[l] * states[l] for l in range(len(states)))
+        m_t = torch.einsum("jl,lbd->jbd", c, torch.stack(states))  # eq. 1 for each memory
         memories = torch.cat([memories, m_t.unsqueeze(0)])
     x = torch.stack(outputs)
     if dec.layer_norm is not None:
@@ -231,7 +249,8 @@ def test_gradients_equal_a_plain_reference(flags, span, depth):
     torch.testing.assert_close(got_lp, expected_lp, atol=1e-5, rtol=0)
     assert got.keys() == expected.keys()
     assert "decoder.memory.kv_proj.weight" in got
-    assert ("decoder.memory.layer_weights" in got) == (model.decoder.cfg.memory_composition == "weighted")
+    assert ("decoder.memory.layer_weights" in got) == (model.decoder.cfg.memory_composition in ("weighted",
+                                                                                               "recurrent"))
     for name in expected:
         torch.testing.assert_close(got[name], expected[name], atol=1e-5, rtol=1e-4, msg=name)
 

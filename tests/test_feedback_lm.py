@@ -21,6 +21,7 @@ MODELS = {
     "persistent vectors, all-attention": ["--persistent-vectors", "4", "--no-feed-forward"],
     "baseline, persistent vectors": ["--no-feedback", "--persistent-vectors", "4"],
     "top-layer memory": ["--memory-composition", "top"],
+    "recurrent memory": ["--memory-composition", "recurrent"],
 }
 # a bug that showed only from 11 layers on got through tests at one depth
 DEPTHS = {"1 layer": 1, "3 layers": 3, "12 layers": 12}

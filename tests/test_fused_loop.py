@@ -26,6 +26,9 @@ OPTIONS = {
                                                    "--relative-positions"],
     "average memory, no feed-forward": ["--memory-composition", "average", "--no-feed-forward"],
     "layer-1 memory, gelu": ["--memory-composition", "layer:1", "--activation-fn", "gelu"],
+    "recurrent memory, relative positions": ["--memory-composition", "recurrent", "--relative-positions"],
+    "recurrent memory, per-layer kv, pre-norm": ["--memory-composition", "recurrent", "--per-layer-kv",
+                                                 "--decoder-normalize-before"],
 }
 SPANS = {"span shorter than target": 3, "span longer than target": 16}
 
@@ -83,8 +86,9 @@ def test_the_fused_block_trains_as_the_loop_through_autograd(flags, span, depth)
 
 
 @pytest.mark.parametrize("span", [4, 40], ids=["attention weights kept", "attention weights computed again"])
-@pytest.mark.parametrize("flags", [[], ["--adaptive-span", "--adaptive-span-ramp", "2"], ["--per-layer-kv"]],
-                         ids=["relative positions", "adaptive span", "per-layer kv"])
+@pytest.mark.parametrize("flags", [[], ["--adaptive-span", "--adaptive-span-ramp", "2"], ["--per-layer-kv"],
+                                   ["--memory-composition", "recurrent", "--per-layer-kv"]],
+                         ids=["relative positions", "adaptive span", "per-layer kv", "recurrent memory"])
 def test_a_stream_trains_block_after_block_as_through_autograd(flags, span, monkeypatch):
     """Five blocks of a stream, the memory carried (projected again by each
     block), each block's loss and gradients. Once a step reads many slots

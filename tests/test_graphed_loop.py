@@ -104,8 +104,9 @@ def test_training_under_layerdrop_runs_eagerly_with_one_warning(caplog):
     assert model.graph_statistics().calls == 1
 
 
-@pytest.mark.parametrize("flags", [[], ["--per-layer-kv"], ["--adaptive-span", "--adaptive-span-ramp", "2"]],
-                         ids=["shared kv", "per-layer kv", "adaptive span"])
+@pytest.mark.parametrize("flags", [[], ["--per-layer-kv"], ["--adaptive-span", "--adaptive-span-ramp", "2"],
+                                   ["--memory-composition", "recurrent", "--per-layer-kv"]],
+                         ids=["shared kv", "per-layer kv", "adaptive span", "recurrent memory"])
 def test_a_stream_at_bucketed_shapes_trains_as_the_eager_loop(flags):
     """Three blocks of 3 streams, the memory carried: each block's loss and
     gradients, and what evaluation gives without gradients."""
@@ -135,7 +136,9 @@ def test_a_stream_at_bucketed_shapes_trains_as_the_eager_loop(flags):
 DECODING = {
     "shared kv": [],
     "per-layer kv, pre-norm": ["--per-layer-kv", "--decoder-normalize-before"],
-    "relative positions, adaptive span": ["--relative-positions", "--adaptive-span", "--adaptive-span-ramp", "2"],
+    "relative positions, adaptive span, recurrent memory": ["--relative-positions", "--adaptive-span",
+                                                            "--adaptive-span-ramp", "2", "--memory-composition",
+                                                            "recurrent"],
     "persistent vectors, top-layer memory": ["--persistent-vectors", "2", "--memory-composition", "top"],
 }
 SPANS = {"span shorter than the output (the ring wraps)": 3, "span longer (the memory grows)": 40}

@@ -17,8 +17,8 @@ from torch import nn
 
 from fairseq_feedback.loop.fused_block import encoder_reads
 from fairseq_feedback.loop.fused_layer import DropoutMasks, FusedLayer, weighted
-from fairseq_feedback.loop.operators import (Attention, Linear, MemoryWindows, Mixing, Norm, per_row, residual,
-                                             residual_grad)
+from fairseq_feedback.loop.operators import (Attention, GroupedLinear, Linear, MemoryWindows, Mixing, Norm, per_row,
+                                             residual, residual_grad)
 from fairseq_feedback.modules.memory_view import MemoryView
 
 STEPS, ROWS, EMBED, HEADS, HEAD_DIM = 4, 3, 8, 2, 3
@@ -78,6 +78,31 @@ def test_linear(scale, residual_grads):
         got_weight, got_bias = piece.weight_grads()
     assert_same(got_weight, weight, "Linear: dW")
     assert_same(got_bias, bias, "Linear: db")
+
+
+def test_grouped_linear():
+    """y_g = x_g W_g^T + b_g, a slice of the weight per group of rows;
+    g_x_g = g_y_g W_g;  dW_g = G_g^T X_g,  db_g = sum G_g once per block."""
+    groups, features = 3, 5
+    module = nn.Linear(EMBED, groups * features).to(F64)
+    piece = GroupedLinear(module, STEPS, recording=True, groups=groups)
+    xs = [randn(groups * ROWS, EMBED, grad=True) for _ in range(STEPS)]
+    with torch.no_grad():
+        ys = [piece(x, t) for t, x in enumerate(xs)]
+    weights, biases = module.weight.view(groups, features, EMBED), module.bias.view(groups, features)
+    expected = [torch.cat([F.linear(rows, weights[g], biases[g]) for g, rows in enumerate(x.view(groups, ROWS, EMBED))])
+                for x in xs]
+    for t in range(STEPS):
+        assert_same(ys[t], expected[t].detach(), f"GroupedLinear: y at step {t}")
+    grads = [randn(groups * ROWS, features) for _ in range(STEPS)]
+    input_grads = by_step(piece.backward, grads)
+    *x_grads, weight, bias = autograd_of(expected, grads, [*xs, module.weight, module.bias])
+    for t in range(STEPS):
+        assert_same(input_grads[t], x_grads[t], f"GroupedLinear: g_x at step {t}")
+    with torch.no_grad():
+        got_weight, got_bias = piece.weight_grads()
+    assert_same(got_weight, weight, "GroupedLinear: dW")
+    assert_same(got_bias, bias, "GroupedLinear: db")
 
 
 def test_norm():
@@ -274,19 +299,20 @@ def test_attention_over_the_encoder(groups, dropout):
 # --- eq. 1 -----------------------------------------------------------------------------------------------
 
 
-def test_eq_1_mixing():
-    """m_t = sum_l w_l x_t^l, w = softmax(theta);  g_x_t^l += w_l g_m_t;
-    g_w_l = sum_t <x_t^l, g_m_t>, then softmax's Jacobian by autograd."""
+@pytest.mark.parametrize("count", [1, 3], ids=["one memory", "a memory per layer (recurrent)"])
+def test_eq_1_mixing(count):
+    """m_t^j = sum_l w_jl x_t^l, w_j = softmax(theta_j);  g_x_t^l += sum_j w_jl g_m_t^j;
+    g_w_jl = sum_t <x_t^l, g_m_t^j>, then softmax's Jacobian by autograd."""
     layers = 3
-    states, theta = randn(layers + 1, STEPS, ROWS, EMBED, grad=True), randn(layers + 1, grad=True)
-    weights = theta.softmax(0)
+    states, theta = randn(layers + 1, STEPS, ROWS, EMBED, grad=True), randn(count, layers + 1, grad=True)
+    weights = theta.softmax(-1)
     mixing = Mixing(weights.detach(), states.detach())
-    memories = torch.empty(STEPS, ROWS, EMBED, dtype=F64)
+    memories = torch.empty(STEPS, count * ROWS, EMBED, dtype=F64)  # a memory's rows one after another
     for t in range(STEPS):
         mixing(t, memories[t])
-    expected = torch.einsum("l,ltre->tre", weights, states)
+    expected = torch.einsum("jl,ltre->tjre", weights, states).reshape(memories.shape)
     assert_same(memories, expected.detach(), "eq. 1: m_t")
-    memory_grads, own_grads = randn(STEPS, ROWS, EMBED), randn(layers + 1, STEPS, ROWS, EMBED)
+    memory_grads, own_grads = randn(STEPS, count * ROWS, EMBED), randn(layers + 1, STEPS, ROWS, EMBED)
     state_grads = torch.empty_like(own_grads)
     for t in reversed(range(STEPS)):
         mixing.memory_grads.keep(t, memory_grads[t])

@@ -76,12 +76,30 @@ def test_persistent_vectors_start_with_unit_variance():
 def test_fixed_compositions_weigh_the_layers_as_named(composition, weights):
     model, _ = tiny_lm("--memory-composition", composition)
     assert model.decoder.memory.layer_weights is None  # nothing to learn, nothing unused
-    torch.testing.assert_close(model.decoder.memory.mixing_weights(), torch.tensor(weights, dtype=torch.float))
+    torch.testing.assert_close(model.decoder.memory.mixing_weights(), torch.tensor([weights], dtype=torch.float))
+
+
+def test_the_recurrent_memory_gives_each_layer_its_own_past_and_the_layers_below():
+    """Figure 5's recurrent memory, section 4.3.2: "all previous layers plus
+    the same layer". Layer l (from 0; its output is x^{l+1}) reads m^l =
+    eq. 1 over x^0 .. x^{l+1}, with weights of its own, from the uniform
+    average; the top layer's is the feedback memory. Each layer reads the
+    keys and values of its own memory (a plane pair each)."""
+    model, _ = tiny_lm("--memory-composition", "recurrent")
+    memory = model.decoder.memory
+    expected = torch.tensor([[1 / 2, 1 / 2, 0, 0], [1 / 3, 1 / 3, 1 / 3, 0], [1 / 4, 1 / 4, 1 / 4, 1 / 4]])
+    torch.testing.assert_close(memory.mixing_weights(), expected)
+    torch.nn.init.normal_(memory.layer_weights)  # learned: softmax(w^l) over x^0 .. x^{l+1}, nothing from above
+    weights = memory.mixing_weights()
+    for l in range(3):
+        torch.testing.assert_close(weights[l, : l + 2], memory.layer_weights[l, : l + 2].softmax(0))
+        assert not weights[l, l + 2:].any()
+    assert (memory.memories, memory.planes) == (3, 6) and [memory.plane(l) for l in range(3)] == [0, 2, 4]
 
 
 @pytest.mark.parametrize("flags, message", [
     (["--memory-composition", "layer:9"], "--memory-composition 'layer:9'"),
-    (["--memory-composition", "bottom"], "use weighted, average, top, or layer:K"),
+    (["--memory-composition", "bottom"], "use weighted, average, top, recurrent, or layer:K"),
     (["--adaptive-span", "--adaptive-span-init", "2"], "--adaptive-span-init must be in [0, 1], got 2"),
     (["--persistent-vectors", "-1"], "--persistent-vectors must be at least 0"),
     (["--dropout", "1"], "--dropout must be in [0, 1), got 1"),

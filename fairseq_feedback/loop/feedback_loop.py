@@ -61,13 +61,13 @@ class FeedbackLoop:
     def empty_memory(self, bsz: int, like: Tensor) -> Tensor:
         """The keys and values of m_{-1}, the zero memory vector, in `bsz`
         rows (dtype and device `like`'s): [1, planes, bsz, num_heads, head_dim]."""
-        return self.memory.project(like.new_zeros(1, bsz, self.memory.kv_proj.in_features))
+        return self.memory.project(like.new_zeros(1, self.memory.memories, bsz, self.memory.kv_proj.in_features))
 
     def start(self, initial: Tensor, tgt_len: int) -> Tuple[KeyValueBuffer, Tuple[Tensor, ...]]:
         """A memory started from the memory vectors `initial`.
 
         Args:
-            initial: the memory vectors before step 0, [slots, bsz, embed_dim].
+            initial: the memory vectors before step 0, [slots, memories, bsz, embed_dim].
             tgt_len: the steps the buffer will take after them.
 
         Returns:
@@ -95,7 +95,8 @@ class FeedbackLoop:
                 attention's weights (decoding), or None.
 
         Returns:
-            the top layer's outputs and the memory vectors m_t, [tgt_len, bsz, embed_dim] each.
+            the top layer's outputs [tgt_len, bsz, embed_dim] and the memory
+            vectors m_t [tgt_len, memories, bsz, embed_dim].
         """
         # everything that does not depend on the step, once: a full window
         # holds m_{t-span} .. m_{t-1}, all visible; shorter ones its last slots
@@ -116,13 +117,13 @@ class FeedbackLoop:
 
         Args:
             x, encoder_kv, encoder_bias: as `block` takes them.
-            initial: the memory vectors before step 0, [slots, bsz, embed_dim].
+            initial: the memory vectors before step 0, [slots, memories, bsz, embed_dim].
             parameters: read in place of parameters(), in its order (the
                 aliases that a CUDA graph takes gradients with respect to).
 
         Returns:
-            the top layer's outputs and the memory vectors, [tgt_len, bsz,
-            embed_dim] each; the memory vectors detached (a stream carries them
+            the top layer's outputs and the memory vectors, as `block`
+            returns them; the memory vectors detached (a stream carries them
             without a backward).
         """
         with self.reading(parameters):

@@ -14,8 +14,9 @@ embeddings alone. What those products read is written in place, step by
 step, into tensors of the whole block (out=), wherever the operator that
 makes it can write there.
 
-A step's memory vector m_t (eq. 1, operators.Mixing) is projected to its
-keys and values, k_t and v_t, which later steps read:
+A step's memory vector m_t (eq. 1, operators.Mixing; the recurrent memory,
+one per layer) is projected to its keys and values, k_t and v_t, which
+later steps read:
 
     kv_t = kv_proj(m_t)  (pre-norm: kv_proj(LN(m_t)))
     g_m_t = kv_proj'(g_kv_t) (+ LN')  + the gradient of m_t from outside the block
@@ -55,7 +56,7 @@ from ..modules.feedback_attention import Alignment, aligned
 from ..modules.key_value_buffer import KeyValueBuffer
 from ..modules.memory_decoder_layer import per_layer
 from .fused_layer import NO_DROPOUT, DropoutMasks, FusedLayer, weighted
-from .operators import Linear, MemoryWindows, Mixing, Norm, per_row
+from .operators import GroupedLinear, Linear, MemoryWindows, Mixing, Norm, per_row
 
 
 def block_weighted(kv_proj, memory_layer_norm, layers: Sequence) -> list:
@@ -102,7 +103,7 @@ class BlockRecords:
     `states` and `slots`)."""
 
     states: Tensor  # x_t^0 .. x_t^L, [layers + 1, tgt_len, bsz, embed_dim], eq. 1's inputs; the outputs are x^L
-    memories: Tensor  # m_t, [tgt_len, bsz, embed_dim]
+    memories: Tensor  # m_t, [tgt_len, memories * bsz, embed_dim] (a memory's rows one after another)
     slots: Tensor  # the memory's keys and values, [planes, bsz, num_heads, initial + tgt_len, head_dim]
     dropout: DropoutMasks  # every step's and layer's, [tgt_len, layers, ...]
 
@@ -137,7 +138,7 @@ def fused_step(x: Tensor, views: Sequence, layers: Sequence, encoder_kv: Sequenc
     Args: as reference.reference_step takes them.
 
     Returns:
-        the top layer's output and m_t, [bsz, embed_dim] each.
+        the top layer's output [bsz, embed_dim], and m_t [memories, bsz, embed_dim].
     """
     states, bsz = [x], x.size(0)
     for i, (layer, view, encoder_read) in enumerate(zip(layers, views, encoder_reads(encoder_kv, encoder_bias, bsz))):
@@ -183,10 +184,12 @@ class FusedFeedbackLoop:
         self.memory, self.module_layers, self.alignment = memory, layers, alignment
         self.buffer, self.window, self.span, self.initial = buffer, window, span, window[0].size(2)
         self.plane_count, self.num_heads, self.head_dim = memory.planes, memory.num_heads, memory.head_dim
+        self.memory_count = memory.memories
         self.positions, self.weights, self.span_biases = positions, weights, tuple(span_biases)
 
     def __call__(self, x: Tensor, encoder_kv: Optional[Tensor], encoder_bias: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
-        """The top layer's outputs and the memory vectors, [tgt_len, bsz, embed_dim] each."""
+        """The top layer's outputs [tgt_len, bsz, embed_dim] and the memory
+        vectors [tgt_len, memories, bsz, embed_dim]."""
         parameters = tuple(p for m in block_weighted(self.memory.kv_proj, self.memory.layer_norm, self.module_layers)
                            for p in (m.weight, m.bias))
         self.inputs = BlockInputs(x, encoder_kv, self.positions, self.weights, self.span_biases, self.window,
@@ -206,14 +209,15 @@ class FusedFeedbackLoop:
         tgt_len, bsz, embed = x.shape
         self.recording, self.encoder_kv = recording, encoder_kv
         memory = self.memory
-        self.kv_proj = Linear(memory.kv_proj, tgt_len, recording)
+        self.kv_proj = (GroupedLinear(memory.kv_proj, tgt_len, recording, self.memory_count) if memory.grouped
+                        else Linear(memory.kv_proj, tgt_len, recording))
         self.memory_layer_norm = None if memory.layer_norm is None else Norm(memory.layer_norm, tgt_len, recording)
         present = [layer for layer in self.module_layers if layer is not None]
         read = min(self.span, self.initial + tgt_len - 1)  # slots a step reads at most
         self.keep_probs = not present or present[0].self_attn.num_heads * read <= embed + (
             0 if present[0].fc1 is None else present[0].fc1.out_features)
-        self.layers = [None if layer is None else FusedLayer(layer, tgt_len, recording, 0 if memory.shared_kv else 2 * i,
-                                                             i == 0, self.keep_probs, aligned(self.alignment, i))
+        self.layers = [None if layer is None else FusedLayer(layer, tgt_len, recording, memory.plane(i), i == 0,
+                                                             self.keep_probs, aligned(self.alignment, i))
                        for i, layer in enumerate(self.module_layers)]
         self.present = [layer for layer in self.layers if layer is not None]
 
@@ -224,7 +228,8 @@ class FusedFeedbackLoop:
         # x_t^0 .. x_t^L, the states that eq. 1 mixes; a pre-norm layer writes its output here
         states = x.new_empty(len(self.layers) + 1, tgt_len, bsz, embed)
         states[0] = x
-        self.records = BlockRecords(states, x.new_empty(tgt_len, bsz, embed), slots, self._draw_masks(x, read))
+        memories = x.new_empty(tgt_len, self.memory_count * bsz, embed)
+        self.records = BlockRecords(states, memories, slots, self._draw_masks(x, read))
         self.mixing = Mixing(self.weights, states)
         if recording:
             for layer, inputs in zip(self.layers, states):
@@ -268,7 +273,7 @@ class FusedFeedbackLoop:
 
     def forward(self) -> Tuple[Tensor, Tensor]:
         states, memories, slots = self.records.states, self.records.memories, self.records.slots
-        bsz = memories.size(1)
+        bsz, per_memory = states.size(2), self.plane_count // self.memory_count  # a memory's planes
         pre_norm = bool(self.present) and self.present[0].pre_norm
         if self.layers and self.layers[0] is not None:
             self.layers[0].project_block_queries(states[0])
@@ -290,9 +295,11 @@ class FusedFeedbackLoop:
                 torch.stack(outputs[1:], out=states[1:, t])
             m = self.mixing(t, memories[t])
             kv = self.kv_proj(m if self.memory_layer_norm is None else self.memory_layer_norm(m, t), t)
-            slots[:, :, :, self.initial + t] = kv.view(bsz, self.plane_count, self.num_heads, self.head_dim).transpose(0, 1)
+            slots[:, :, :, self.initial + t].view(self.memory_count, per_memory, bsz, self.num_heads,
+                                                  self.head_dim).copy_(
+                kv.view(self.memory_count, bsz, per_memory, self.num_heads, self.head_dim).transpose(1, 2))
         self.buffer.extend(slots[:, :, :, self.initial:].permute(3, 0, 1, 2, 4), self.span)  # a decoding cache reads them
-        return states[-1], memories
+        return states[-1], memories.view(len(memories), self.memory_count, bsz, -1)
 
     # --- backward -----------------------------------------------------------------------------------
 
@@ -308,7 +315,9 @@ class FusedFeedbackLoop:
         """The gradients of the block's inputs, from those of the top layer's
         outputs and of the memory vectors (None: no gradient)."""
         states, slots, encoder_kv, mixing = self.records.states, self.records.slots, self.encoder_kv, self.mixing
+        memories = self.records.memories
         _, tgt_len, bsz, _ = states.shape
+        per_memory = self.plane_count // self.memory_count  # a memory's planes
         slot_grads = torch.zeros_like(slots)
         encoder_grads = None
         if encoder_kv is not None:  # a layer that LayerDrop left out reads none of it
@@ -320,23 +329,24 @@ class FusedFeedbackLoop:
         top_layer = len(self.layers)
         for t in reversed(range(tgt_len)):
             # slot t's gradient is complete: every window reading it belongs to a later step
-            kv_grad = self.kv_proj.output_grads.at(t, input_grads[t], self.plane_count * self.num_heads * self.head_dim)
-            kv_grad.view(bsz, self.plane_count, self.num_heads, self.head_dim).copy_(
-                slot_grads[:, :, :, self.initial + t].transpose(0, 1))
+            kv_grad = self.kv_proj.output_grads.at(t, memories[t], per_memory * self.num_heads * self.head_dim)
+            kv_grad.view(self.memory_count, bsz, per_memory, self.num_heads, self.head_dim).copy_(
+                slot_grads[:, :, :, self.initial + t].view(self.memory_count, per_memory, bsz, self.num_heads,
+                                                            self.head_dim).transpose(1, 2))
             if self.memory_layer_norm is None:
-                memory_grad = self.kv_proj.backward(kv_grad, t, out=mixing.memory_grads.at(t, input_grads[t]))
+                memory_grad = self.kv_proj.backward(kv_grad, t, out=mixing.memory_grads.at(t, memories[t]))
             else:
                 memory_grad = self.memory_layer_norm.backward(self.kv_proj.backward(
-                    kv_grad, t, out=self.memory_layer_norm.output_grads.at(t, input_grads[t])), t)
+                    kv_grad, t, out=self.memory_layer_norm.output_grads.at(t, memories[t])), t)
                 mixing.memory_grads.keep(t, memory_grad)
             if outside_memory_grads is not None:
-                memory_grad += outside_memory_grads[t]
+                memory_grad += outside_memory_grads[t].reshape(memory_grad.shape)
             planes = windows.planes(t)
             keys = windows.keys(planes)
             plane_grads, key_grads, overwrite = windows.grads(t)
             slots_read = planes[0].size(1)
             # the top layer's output: its own gradient, and its share of m_t
-            top = self.layers[-1].output_grad_slot(t, memory_grad) if self.layers[-1] is not None else None
+            top = self.layers[-1].output_grad_slot(t, input_grads[t]) if self.layers[-1] is not None else None
             grad = mixing.add_share(None if output_grads is None else output_grads[t], memory_grad, top_layer, top)
             for i in reversed(range(len(self.layers))):
                 layer = self.layers[i]

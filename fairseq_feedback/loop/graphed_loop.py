@@ -98,7 +98,7 @@ class GraphedFeedbackLoop:
         Args:
             fn: the block (FeedbackLoop.block_from).
             x: the first layer's inputs, [tgt_len, bsz, embed_dim].
-            initial: the memory vectors the block starts from, [slots, bsz, embed_dim].
+            initial: the memory vectors the block starts from, [slots, memories, bsz, embed_dim].
             encoder_kv: the encoder's keys and values,
                 [layers, 2, sentences, num_heads, src_len, head_dim], or None.
             encoder_bias: their padding mask as a bias, [sentences, 1, 1, src_len], or None.
@@ -107,7 +107,8 @@ class GraphedFeedbackLoop:
                 in words, for the log.
 
         Returns:
-            fn's outputs: the top layer's [tgt_len, bsz, embed_dim] and the memory vectors, alike.
+            fn's outputs: the top layer's [tgt_len, bsz, embed_dim] and the
+            memory vectors [tgt_len, memories, bsz, embed_dim].
         """
         tgt_len, bsz, _ = x.shape
         padded_bsz, padded_tgt_len, padded_positions = self.block_shape(
@@ -125,7 +126,7 @@ class GraphedFeedbackLoop:
                  + f", {description}, {x.dtype}{', autocast' if autocast else ''}"
                  + (", training" if grad else ", evaluation"))
         outputs, memories = self.cache(full_key, fn, inputs, parameters, shape=shape)
-        return outputs[:tgt_len, :bsz], memories[:tgt_len, :bsz]
+        return outputs[:tgt_len, :bsz], memories[:tgt_len, :, :bsz]
 
     def reorder(self, search: Optional[dict], new_order: Tensor) -> None:
         """Beam search's new order of the rows of `search` (None: none ran here)."""

@@ -106,6 +106,53 @@ class Linear:
         return [self.product(grads.t(), self.inputs.joined()), bias if self.scale == 1 else bias.mul_(self.scale)]
 
 
+class GroupedLinear(Linear):
+    """Linear layers side by side, one per group of rows, as one batched
+    product: the rows of group g (rows g * n .. (g + 1) * n - 1 of x) go
+    through W_g, b_g, the g-th of `groups` equal slices of the module's
+    outputs (the recurrent memory's keys and values with a projection per
+    layer: layer g's memory through layer g's projection; Linear would
+    project every memory through every layer's):
+
+        y_g = x_g W_g^T + b_g
+        g_x_g = g_y_g W_g
+        dW_g = G_g^T X_g,   db_g = sum_rows G_g                    (once per block)
+
+    Args:
+        module, tgt_len, recording: as Linear takes them.
+        groups: how many groups (and slices).
+    """
+
+    def __init__(self, module: nn.Linear, tgt_len: int, recording: bool, groups: int):
+        super().__init__(module, tgt_len, recording)
+        self.groups = groups
+        self.weights = self.weight.view(groups, -1, self.weight.size(1))  # [groups, out_features / groups, in_features]
+        self.biases = self.bias.view(groups, 1, -1)
+
+    def __call__(self, x: Tensor, t: int, out: Optional[Tensor] = None) -> Tensor:
+        if self.recording:
+            self.inputs.keep(t, x)
+        y = torch.baddbmm(self.biases, x.view(self.groups, -1, x.size(-1)), self.weights.transpose(1, 2),
+                          out=None if out is None else out.view(self.groups, -1, out.size(-1)))
+        return y.view(-1, y.size(-1))
+
+    def product(self, a: Tensor, b: Tensor, out: Optional[Tensor] = None) -> Tensor:
+        """a_g b_g of each group, b the weight's shape (g_x = g_y W: backward)."""
+        product = torch.bmm(a.view(self.groups, -1, a.size(-1)), b.view(self.groups, -1, b.size(-1)),
+                            out=None if out is None else out.view(self.groups, -1, out.size(-1)))
+        return product.view(-1, product.size(-1))
+
+    def weight_grads(self) -> List[Tensor]:
+        """[dW, db]."""
+
+        def by_group(records: StepRecords) -> Tensor:  # [groups, tgt_len * rows, features]
+            joined = records.joined()
+            return joined.view(records.tgt_len, self.groups, -1, joined.size(-1)).transpose(0, 1).flatten(1, 2)
+
+        grads = by_group(self.output_grads)
+        return [torch.bmm(grads.transpose(1, 2), by_group(self.inputs)).view_as(self.weight), grads.sum(1).view(-1)]
+
+
 class Norm:
     """y = gamma * xhat + beta, xhat = (x - mean(x)) / sigma over the
     features: a LayerNorm at each step. With gx = gamma * g_y,
@@ -398,37 +445,48 @@ class MemoryWindows:
 
 
 class Mixing:
-    """Eq. 1 at each step of a block: m_t = sum_l w_l x_t^l, the memory
-    vector from the states x_t^0 .. x_t^L, [layers + 1, tgt_len, bsz, embed_dim]
-    (written there by the layers), as one product:
+    """Eq. 1 at each step of a block: m_t^j = sum_l w_jl x_t^l, each memory
+    vector (one; the recurrent memory's, one per layer) from the states
+    x_t^0 .. x_t^L, [layers + 1, tgt_len, bsz, embed_dim] (written there by
+    the layers), as one product:
 
-        g_x_t^l += w_l g_m_t                                          (add_share)
-        g_w_l = sum_t <x_t^l, g_m_t>                                 (once per block: weight_grads)
+        g_x_t^l += sum_j w_jl g_m_t^j                                 (add_share)
+        g_w_jl = sum_t <x_t^l, g_m_t^j>                              (once per block: weight_grads)
 
     w = softmax(theta) (or fixed weights) comes from outside the block, so
     autograd applies softmax's Jacobian, g_theta = w * (g_w - <w, g_w>).
 
     Args:
-        weights: w, [layers + 1].
+        weights: w, [memories, layers + 1].
         states: x_t^0 .. x_t^L, [layers + 1, tgt_len, bsz, embed_dim].
     """
 
     def __init__(self, weights: Tensor, states: Tensor):
-        self.weights, self.by_layer, self.states = weights[None], weights.unbind(), states
+        self.weights, self.states, self.memories = weights, states, len(weights)
+        # w_l of one memory, a 0-dim tensor each; of several, [1, memories] each
+        self.by_layer = weights[0].unbind() if self.memories == 1 else weights.t()[:, None].unbind()
         self.memory_grads = StepRecords(states.size(1))
 
     def __call__(self, t: int, out: Tensor) -> Tensor:
-        """m_t into `out` [bsz, embed_dim]."""
+        """m_t into `out` [memories * bsz, embed_dim]."""
         layers = len(self.states)
-        return torch.mm(self.weights, self.states[:, t].view(layers, -1), out=out.view(1, -1)).view_as(out)
+        return torch.mm(self.weights, self.states[:, t].view(layers, -1), out=out.view(self.memories, -1)).view_as(out)
 
     def add_share(self, grad: Optional[Tensor], memory_grad: Tensor, layer: int,
                   out: Optional[Tensor] = None) -> Tensor:
-        """grad + w_l g_m_t: x_t^l's gradient (`grad`: its own, or None)."""
-        if grad is None:
-            return torch.mul(memory_grad, self.by_layer[layer], out=out)
-        return torch.addcmul(grad, memory_grad, self.by_layer[layer], out=out)
+        """grad + sum_j w_jl g_m_t^j: x_t^l's gradient (`grad`: its own, or
+        None), from memory_grad [memories * bsz, embed_dim]: of one memory an
+        elementwise product, of several a product with their w_l."""
+        w = self.by_layer[layer]
+        if self.memories == 1:
+            return torch.mul(memory_grad, w, out=out) if grad is None else torch.addcmul(grad, memory_grad, w, out=out)
+        shares, flat_out = memory_grad.view(self.memories, -1), None if out is None else out.view(1, -1)
+        summed = (torch.mm(w, shares, out=flat_out) if grad is None
+                  else torch.addmm(grad.reshape(1, -1), w, shares, out=flat_out))
+        return summed.view(-1, memory_grad.size(-1))
 
     def weight_grads(self) -> Tensor:
-        """g_w [layers + 1] from the g_m_t recorded in memory_grads."""
-        return torch.mv(self.states.view(len(self.states), -1), self.memory_grads.joined().view(-1))
+        """g_w [memories, layers + 1] from the g_m_t recorded in memory_grads."""
+        grads = self.memory_grads.joined()  # [tgt_len * memories * bsz, embed_dim]
+        by_memory = grads.view(self.states.size(1), self.memories, -1).transpose(0, 1).flatten(1)
+        return torch.mm(by_memory, self.states.view(len(self.states), -1).t())

@@ -54,7 +54,7 @@ def reference_step(x: Tensor, views: Sequence[MemoryView], layers: Sequence,
         alignment: where fairseq's alignment layer puts its encoder attention's weights, or None.
 
     Returns:
-        the top layer's output and m_t, [bsz, embed_dim] each.
+        the top layer's output [bsz, embed_dim], and m_t [memories, bsz, embed_dim].
     """
     states = [x]
     for i, (layer, view, kv) in enumerate(zip(layers, views, encoder_kv)):
@@ -80,7 +80,8 @@ class ReferenceLoop:
         self.positions, self.span_biases, self.weights = positions, span_biases, weights
 
     def __call__(self, x: Tensor, encoder_kv: Optional[Tensor], encoder_bias: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
-        """The top layer's outputs and the memory vectors, [tgt_len, bsz, embed_dim] each."""
+        """The top layer's outputs [tgt_len, bsz, embed_dim] and the memory
+        vectors [tgt_len, memories, bsz, embed_dim]."""
         persistent = persistent_vectors(self.layers)
         encoder_kv = per_layer(encoder_kv, len(self.layers))
         window, outputs, memories = self.window, [], []

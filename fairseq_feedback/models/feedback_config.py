@@ -53,8 +53,9 @@ class FeedbackConfig(FairseqDataclass):
     memory_composition: str = field(
         default="weighted",
         metadata={"help": "how the memory combines the layers (paper, Figures 5 and 8): 'weighted' "
-                          "(eq. 1, learned softmax weights), 'average', 'top' (the last layer only), or "
-                          "'layer:K' (layer K only; 0 is the embeddings)"},
+                          "(eq. 1, learned softmax weights), 'average', 'top' (the last layer only), "
+                          "'layer:K' (layer K only; 0 is the embeddings), or 'recurrent' (a memory per layer: "
+                          "layer l's is eq. 1 over the embeddings and layers 1..l, itself included)"},
     )
     adaptive_span: bool = field(
         default=False,

@@ -79,8 +79,9 @@ class FeedbackDecoder(MemoryDecoder):
         Args and returns: as MemoryDecoder.decode.
         """
         span = self.current_span()
-        carried = None if stream_state is None else stream_state.vectors  # [1, slots, bsz, embed_dim]
-        previous = carried[0] if carried is not None else x.new_zeros(1, x.size(1), self.embed_dim)  # m_{-1}
+        carried = None if stream_state is None else stream_state.vectors  # [memories, slots, bsz, embed_dim]
+        previous = (carried.transpose(0, 1) if carried is not None  # [slots, memories, bsz, embed_dim]
+                    else x.new_zeros(1, self.memory.memories, x.size(1), self.embed_dim))  # m_{-1}
         graphed, memories = self.graphed, None
         search = None if incremental_state is None else self.get_incremental_state(incremental_state, "static_memory")
         if incremental_state is not None and graphed is not None and graphed.decodes(x.device, search):
@@ -91,7 +92,7 @@ class FeedbackDecoder(MemoryDecoder):
             x, memories = self._run_eagerly(x, previous, span, layers, encoder_kv, encoder_bias, incremental_state,
                                             alignment)
         if stream_state is not None:
-            stream_state.carry(torch.cat([previous, memories])[None], self.span)
+            stream_state.carry(torch.cat([previous, memories]).transpose(0, 1), self.span)
         return x
 
     def _run_eagerly(self, x, previous, span, layers, encoder_kv, encoder_bias, incremental_state, alignment):

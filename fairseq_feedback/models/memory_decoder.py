@@ -36,8 +36,8 @@ class StreamState:
 
     Layout: [sources, slots, bsz, embed_dim]. A source is what one set of
     keys and values is projected from: the feedback memory m_t (one source,
-    which every layer reads), or for the Transformer baseline each layer's
-    own inputs (a source per layer). Kept by the model per stream, not in
+    which every layer reads; the recurrent memory, a source per layer), or
+    for the Transformer baseline each layer's own inputs (a source per layer). Kept by the model per stream, not in
     checkpoints: a resumed run starts its next block with fresh memory.
     """
 
