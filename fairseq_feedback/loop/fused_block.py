@@ -243,7 +243,9 @@ class FusedFeedbackLoop:
         steps and layers, scaled by 1 / (1 - p) (None: no dropout); `read`:
         the slots a step reads at most. Each step's and layer's masks are
         viewed once (`step_masks`), the memory attention's cut to the slots
-        that the step reads (the last ones)."""
+        that the step reads (the last ones). The attention weights' masks
+        take the room of the weights, which the block keeps for its backward
+        or not (keep_probs): with dropout, it keeps their masks either way."""
         tgt_len, bsz, embed = x.shape
         layers, first = len(self.layers), (self.present[0] if self.present else None)
         self.step_masks = [[NO_DROPOUT] * layers] * tgt_len
