@@ -149,8 +149,8 @@ RECIPES = {
         # compositions and Figure 9's depths, the first and the last of each (ABLATIONS_TRAINED)
         Recipe("ablations", lambda raw: {"wikitext103": fx.write_wikitext(raw), "char_ptb": fx.write_char_ptb(raw)},
                [_prepare("prepare_wikitext103"), _prepare("prepare_char_ptb", **_char_ptb_sizes()),
-                ("for COMPOSITION in weighted top average layer:0 layer:1 layer:2 layer:3 layer:4 layer:5; do",
-                 "for COMPOSITION in weighted layer:5; do"),
+                ("for COMPOSITION in weighted top average layer:0 layer:1 layer:2 layer:3 layer:4 layer:5 recurrent; do",
+                 "for COMPOSITION in weighted recurrent; do"),
                 ("for LAYERS in 1 2 4 6 8; do", "for LAYERS in 1 8; do")],
                one_worker(ABLATIONS_TINY),
                fresh_save_dirs=False),

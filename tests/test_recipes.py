@@ -329,7 +329,8 @@ def check_finetuned(run: Run, trains, output, models):
 FIXED_SPAN = dict(adaptive_span=False, memory_span=512, adaptive_span_loss=0.0)  # Table 9's "512, 2048*"
 CHAR_PTB_ABLATIONS = {
     **{f"memory_{c.replace(':', '')}": dict(memory_composition=c)  # Figures 5 and 8
-       for c in ("weighted", "top", "average", "layer:0", "layer:1", "layer:2", "layer:3", "layer:4", "layer:5")},
+       for c in ("weighted", "top", "average", "layer:0", "layer:1", "layer:2", "layer:3", "layer:4", "layer:5",
+                 "recurrent")},
     "transformer_char_ptb": dict(no_feedback=True),
     # Figure 9: the 6-layer model's head dimension and FFN times 6 / depth
     **{f"depth{n}_{model}": dict(decoder_layers=n, head_dim=96 * 6 // n, decoder_ffn_embed_dim=1536 * 6 // n,
@@ -349,7 +350,7 @@ ABLATIONS = {**{name: ("feedback_lm_char_ptb", d) for name, d in CHAR_PTB_ABLATI
              **WIKITEXT103_ABLATIONS}
 # what the test trains of them (tests/recipes.py: the first and last composition and depth of the README's loops)
 ABLATIONS_TRAINED = {name: ABLATIONS[name] for name in (
-    "memory_weighted", "memory_layer5", "transformer_char_ptb", "depth1_feedback", "depth1_transformer",
+    "memory_weighted", "memory_recurrent", "transformer_char_ptb", "depth1_feedback", "depth1_transformer",
     "depth8_feedback", "depth8_transformer", *WIKITEXT103_ABLATIONS)}
 RECIPE_OF = {"feedback_lm_char_ptb": ("char_ptb", 256, 2048, TABLE9_CHARACTERS),  # recipe, --batch-size on 8 GPUs,
              "feedback_lm_wiki103": ("wikitext103", 64, 512, TABLE9),            # streams per update, its Table 9
