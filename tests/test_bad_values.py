@@ -226,8 +226,9 @@ CASES = {
     "lm --finetune-from-model truncated": lm("--finetune-from-model", "{TRUNCATED}",
                                              message="{TRUNCATED} is truncated"),
     "translation --restore-file empty": tr("--restore-file", "{EMPTY_FILE}", message="{EMPTY_FILE} is truncated"),
-    "translation --restore-file not a checkpoint": tr("--restore-file", "{TEXT_FILE}",
-                                                      message="{TEXT_FILE} is not a checkpoint"),
+    "translation --restore-file not a checkpoint": tr(
+        "--restore-file", "{TEXT_FILE}", message="{TEXT_FILE} is a text file (it begins 'not a checkpoint'), not a "
+                                                 "checkpoint"),
     "generate --path truncated (cold)": Case("generate", ["{TR}", "--path", "{TRUNCATED}", "--cpu"],
                                              "{TRUNCATED} is truncated", cold=True),
     "generate --path truncated --results-path": Case(
@@ -237,7 +238,8 @@ CASES = {
     "eval-lm --path truncated": Case("eval_lm", ["{LM}", "--path", "{TRUNCATED}", "--cpu"],
                                      "{TRUNCATED} is truncated"),
     "eval-lm --path not a checkpoint": Case("eval_lm", ["{LM}", "--path", "{TEXT_FILE}", "--cpu"],
-                                            "{TEXT_FILE} is not a checkpoint"),
+                                            "{TEXT_FILE} is a text file (it begins 'not a checkpoint'), not a "
+                                            "checkpoint"),
     "interactive --path truncated": Case("interactive", ["{TR}", "--path", "{TRUNCATED}", "--cpu"],
                                          "{TRUNCATED} is truncated", stdin="s1 s2\n"),
     "interactive --path empty": Case("interactive", ["{TR}", "--path", "{EMPTY_FILE}", "--cpu"],

@@ -566,7 +566,7 @@ def check_checkpoints(cfg, model, tool) -> None:
 
 def continued_checkpoint(cfg):
     """(path, how it was named) of the checkpoint fairseq-train will continue
-    from, or None: the newest complete checkpoint in --save-dir
+    from, or None: the one --save-dir resumes from
     (checkpoints.py), else --restore-file when named (which fairseq-train
     silently replaces by a fresh model when it does not exist), else
     --finetune-from-model."""
@@ -579,7 +579,7 @@ def continued_checkpoint(cfg):
     else:
         resumed = checkpoint_to_resume(checkpoint.save_dir, suffix)
         if resumed is not None:
-            return resumed, "--save-dir"
+            return resumed.path, "--save-dir"
         named = ("--finetune-from-model", checkpoint.finetune_from_model)
     option, path = named
     if path is None:

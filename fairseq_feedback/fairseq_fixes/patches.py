@@ -25,8 +25,8 @@ everywhere, since fairseq's data classes fail without it in any program:
 - checkpoints are copied in place, so an interrupted save can leave a
   truncated checkpoint_last.pt that the next run cannot resume from
   (fairseq issue 2684): copies go through a temporary name, and a truncated
-  checkpoint_last.pt is passed over for the newest complete checkpoint
-  (checkpoints.py).
+  checkpoint_last.pt is passed over for the furthest complete checkpoint
+  of the same run, by what the checkpoints record (checkpoints.py).
 - torch >= 2.6 loads with weights_only=True and fairseq passes nothing, so
   its checkpoints do not load (fairseq issues 5603, 5610): exactly the
   classes fairseq stores are allowed (fairseq_feedback/safe_checkpoints.py).
