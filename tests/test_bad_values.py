@@ -402,7 +402,6 @@ CASES = {
                                                    f"(trained with {was}; asked for {now})")
        for tool, argv, checkpoint, given, was, now in (
            ("eval_lm", EVAL_LM, "LM_CKPT", "{'decoder_layers': 3}", "decoder_layers 2", "decoder_layers 3"),
-           ("eval_lm", EVAL_LM, "LM_CKPT", "{'memory_span': 0}", "memory_span 8", "memory_span 0"),
            ("generate", GENERATE, "TR_CKPT", "{'encoder_embed_dim': 32}", "encoder_embed_dim 16",
             "encoder_embed_dim 32"))},
     # a plugin's option of the wrong type, refused by omegaconf as fairseq merges the overrides
@@ -485,6 +484,26 @@ CASES = {
     "translation --best-checkpoint-metric bleu (validation at the end)": tr(
         "--best-checkpoint-metric", "bleu", "--maximize-best-checkpoint-metric",
         message="KeyError: 'bleu' (in fairseq_cli.train; check --best-checkpoint-metric bleu"),
+}
+
+# ---------------------------------------------------------------------- issue 54
+CASES |= {
+    # --model-overrides at inference: what changes the parameters' shapes is refused, naming them (the rest is
+    # read: test_an_override_that_keeps_the_parameters_shapes_is_read_and_said)
+    "eval-lm --model-overrides {'memory_span': 4}: learned relative positions over the span": Case(
+        "eval_lm", [*EVAL_LM, "--model-overrides", literally("{'memory_span': 4}")],
+        "--model-overrides changes the model {LM_CKPT} holds (trained with memory_span 8; asked for memory_span 4), "
+        "and its parameters do not fit the model asked for (decoder.key_positions: 8x8 in the checkpoint, 4x8 "
+        "asked): drop those; what may change is what keeps the parameters' shapes"),
+    # --num-shards: fairseq-generate shards by it (test_generate_translates_the_shard_it_is_given); the tools
+    # that do not shard took it without a word
+    **{f"{name} --num-shards 2": Case(tool, [*argv, "--num-shards", "2"], f"fairseq-{name} reads its data whole, "
+                                      "not by --num-shards", stdin="s1\n")
+       for name, tool, argv in (("train", "train", LM_TRAIN), ("validate", "validate", [*EVAL_LM, "--batch-size", "2"]),
+                                ("interactive", "interactive", GENERATE))},
+    "eval-lm --model-overrides {'memory_span': 0}": Case(
+        "eval_lm", [*EVAL_LM, "--model-overrides", literally("{'memory_span': 0}")],
+        "--memory-span must be at least 1, got 0"),
 }
 
 
@@ -688,3 +707,28 @@ def test_a_failed_generate_removes_the_results_file_it_wrote_and_only_that(files
     (results / "generate-test.txt").write_text("an earlier run's\n")
     assert in_process("generate", [*argv, "--beam", "0"]).returncode != 0
     assert (results / "generate-test.txt").read_text() == "an earlier run's\n"
+
+
+# ---------------------------------------------------------------------- issue 54: what is read, and said
+
+
+def test_an_override_that_keeps_the_parameters_shapes_is_read_and_said(files):
+    """Decoding with another span than the model was trained with is an experiment, not a mistake: the
+    translation model's decoder has no relative positions, so its parameters fit a model of span 4."""
+    proc = in_process("generate", [a.format(**files) for a in GENERATE]
+                      + ["--model-overrides", "{'memory_span': 4}", "--max-len-b", "3"])
+    ok(proc)
+    assert f"{files['TR_CKPT']} was trained with memory_span 8 and is read with memory_span 4 (--model-overrides): " \
+           "its parameters fit" in proc.stdout, proc.stdout[-3000:]
+    assert "BLEU" in proc.stdout
+
+
+def test_generate_translates_the_shard_it_is_given(files):
+    """fairseq-generate --num-shards 2 --shard-id 1 translated the whole test split, as shard 0 did."""
+    ids = []
+    for shard in (0, 1):
+        proc = in_process("generate", [a.format(**files) for a in GENERATE]
+                          + ["--num-shards", "2", "--shard-id", str(shard), "--max-len-b", "3", "--batch-size", "2"])
+        ok(proc)
+        ids.append({int(line.split("\t")[0][2:]) for line in proc.stdout.splitlines() if line.startswith("S-")})
+    assert ids[0] and ids[1] and not ids[0] & ids[1] and ids[0] | ids[1] == set(range(5)), ids

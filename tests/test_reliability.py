@@ -314,10 +314,22 @@ def test_an_interrupted_run_is_one_line_and_leaves_what_was_finished_as_it_was(k
     proc = subprocess.run([sys.executable, "-c", INTERRUPTED_AT, where, sig, "2", tool, *map(str, args), "--user-dir",
                            PLUGIN], env=ENV, capture_output=True, text=True)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr + proc.stdout, proc.stderr[-3000:]
-    assert error_lines(proc) == ["error: interrupted: what the run had finished is kept, and nothing it left looks "
-                                 "finished (fairseq-train resumes from its newest complete checkpoint when run again)"]
+    assert error_lines(proc) == [{
+        "train": "error: interrupted: what the run had finished is kept, and nothing it left looks finished "
+                 "(fairseq-train resumes from its newest complete checkpoint when run again)",
+        "generate": "error: interrupted: fairseq-generate stopped before it finished, and nothing it left looks "
+                    "finished (a --results-path keeps the results it held); rerun the same command, which starts "
+                    "over"}[tool]]
     folder = tmp_path / "run" if tool == "train" else results
     assert {name: (folder / name).read_bytes() for name in os.listdir(folder)} == before  # nothing else, no .tmp
+
+
+@pytest.mark.parametrize("tool", ["fairseq-eval-lm", "fairseq-generate", "fairseq-interactive", "fairseq-validate"])
+def test_ctrl_c_in_a_tool_that_trains_nothing_speaks_of_that_tool(monkeypatch, tool):
+    """fairseq-generate's and fairseq-eval-lm's one line spoke of fairseq-train resuming."""
+    monkeypatch.setattr(sys, "argv", [f"/venv/bin/{tool}", "data-bin"])
+    line = one_line(KeyboardInterrupt())
+    assert line.startswith(f"interrupted: {tool} stopped before it finished") and "fairseq-train" not in line
 
 
 @pytest.mark.parametrize("what", ["a link to nothing", "a file"])

@@ -116,8 +116,8 @@ def main(argv=None):
     parser.add_argument("--out", help="the report's folder (default: a new gpu-check-DATE-TIME here); a previous "
                                       "check's folder is replaced when this one ends")
     parser.add_argument("--minutes", type=float, default=9.0,
-                        help="the time it may take (default 9, what the full sizes need on one H100); a step "
-                             "that would not fit in what is left is skipped for time")
+                        help="the time it may take (default 9, what the full sizes need on one H100; inf: no "
+                             "limit); a step that would not fit in what is left is skipped for time")
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                         help="cuda (default); cpu runs the same sequence at tiny sizes, the graphs through the "
                              "stand-in for capture (--cuda-graphs emulate)")
@@ -136,8 +136,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     check_at_least(args, updates=1)
     # nan compares false with everything: taken, it skipped every step (--minutes) or passed every loss (--tolerance)
-    if not math.isfinite(args.minutes) or args.minutes <= 0:
-        fail(f"--minutes must be a number above 0, got {args.minutes:g}")
+    if math.isnan(args.minutes) or args.minutes <= 0:
+        fail(f"--minutes must be a number above 0 (inf: no limit), got {args.minutes:g}")
     if args.tolerance is not None and not (math.isfinite(args.tolerance) and args.tolerance >= 0):
         fail(f"--tolerance must be a number, 0 or above, got {args.tolerance:g}")
     args.cuda_graphs = args.cuda_graphs or ("auto" if args.device == "cuda" else "emulate")
