@@ -41,6 +41,12 @@ def is_complete(path) -> bool:
         return False
 
 
+def is_cut_short(path) -> bool:
+    """Whether a file is the start of a zip archive (or empty) without its end: a save or a copy cut short."""
+    with open(path, "rb") as f:
+        return not is_complete(path) and b"PK\x03\x04".startswith(f.read(4))
+
+
 def check_file(path) -> None:
     """One line naming `path` unless it is a file torch.save wrote, whole: in
     torch's zip format (the checkpoints of torch 1.6 and later) or its
@@ -55,7 +61,7 @@ def check_file(path) -> None:
         start = f.read(len(LEGACY_START))
     if is_complete(path):
         _check_archive(path)
-    elif b"PK\x03\x04".startswith(start[:4]):  # a zip archive's first bytes, or none: cut short
+    elif is_cut_short(path):
         raise FeedbackUsageError(f"{path} {CUT_SHORT}")
     elif start[:1] == b"\x80" and not LEGACY_START.startswith(start):  # pickle's first byte, not torch's magic
         raise FeedbackUsageError(f"{path} is a Python pickle, not a file torch.save wrote: {CHECK}")

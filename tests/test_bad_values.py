@@ -501,6 +501,28 @@ CASES |= {
                                       "not by --num-shards", stdin="s1\n")
        for name, tool, argv in (("train", "train", LM_TRAIN), ("validate", "validate", [*EVAL_LM, "--batch-size", "2"]),
                                 ("interactive", "interactive", GENERATE))},
+    # 1. a file that is no checkpoint, whatever it is, named with what it holds, wherever a checkpoint is read
+    "lm --restore-file: a zip archive of something else": lm(
+        "--restore-file", "{ZIP}", message="{ZIP} is a zip archive of something else than a checkpoint (it holds "
+                                           "notes.txt, weights.npy): check the path, or pass a checkpoint that "
+                                           "fairseq-train wrote"),
+    "eval-lm --path: model.tar.gz": Case("eval_lm", [*EVAL_LM[:-3], "--path", "{TAR_GZ}", "--cpu"],
+                                         "{TAR_GZ} is a gzip archive (fairseq's pretrained models come as "
+                                         "model.tar.gz: unpack it, and pass its model.pt), not a checkpoint"),
+    "generate --path: a pickle of a list": Case("generate", ["{TR}", "--path", "{PICKLE}", "--cpu"],
+                                                "{PICKLE} is a Python pickle, not a file torch.save wrote"),
+    "interactive --path: a folder": Case("interactive", ["{TR}", "--path", "{TR_CKPT_DIR}", "--cpu"],
+                                         "{TR_CKPT_DIR} is a folder, not a checkpoint file: name the .pt file in it, "
+                                         "as {TR_CKPT_DIR}/checkpoint_best.pt", stdin="s1\n"),
+    "average-checkpoints --inputs: a tensor": Case(
+        "fairseq_feedback_cli.average_checkpoints", ["--inputs", "{LM_CKPT}", "{TENSOR}", "--output", "{OUT}"],
+        "{TENSOR} holds a Tensor, not a checkpoint (a dict of the model's parameters and its options)"),
+    "evaluate_toy --path: a zip archive of something else": Case(
+        "fairseq_feedback_cli.evaluate_toy", ["--task", "copy", "--data", "{LM}", "--path", "{ZIP}", "--output",
+                                              "{OUT}"], "{ZIP} is a zip archive of something else than a checkpoint"),
+    "lm --save-dir holding a checkpoint_best.pt that is a text file": lm(
+        "--save-dir", "{TEXT_SAVE_DIR}", message="{TEXT_SAVE_DIR}/checkpoint_best.pt is a text file (it begins 'not "
+                                                 "a checkpoint'), not a checkpoint"),
     "eval-lm --model-overrides {'memory_span': 0}": Case(
         "eval_lm", [*EVAL_LM, "--model-overrides", literally("{'memory_span': 0}")],
         "--memory-span must be at least 1, got 0"),
@@ -603,6 +625,7 @@ def files(tmp_path_factory):
             (f[name] / path).write_bytes((f[name] / path).read_bytes()[:-10])
     f["TEST_BYTES"] = (f["LM"] / "test.bin").stat().st_size
     f["CUT_BYTES"] = f["TEST_BYTES"] - 10
+    f.update(not_checkpoints(root, f))
     return f
 
 
@@ -732,3 +755,59 @@ def test_generate_translates_the_shard_it_is_given(files):
         ok(proc)
         ids.append({int(line.split("\t")[0][2:]) for line in proc.stdout.splitlines() if line.startswith("S-")})
     assert ids[0] and ids[1] and not ids[0] & ids[1] and ids[0] | ids[1] == set(range(5)), ids
+
+
+def not_checkpoints(root, f):
+    """Files given as checkpoints that are none, by placeholder."""
+    import pickle
+    import zipfile
+
+    import numpy as np
+
+    made = {name: root / f"{name.lower()}.pt" for name in ("ZIP", "PICKLE", "TENSOR")}
+    with zipfile.ZipFile(made["ZIP"], "w") as archive:  # torch's reader: "file in archive is not in a subdirectory"
+        archive.writestr("notes.txt", "results\n")
+        archive.writestr("weights.npy", np.zeros(3).tobytes())
+    made["PICKLE"].write_bytes(pickle.dumps([1, 2, 3]))  # torch's reader: "Invalid magic number; corrupt file?"
+    torch.save(torch.zeros(3), made["TENSOR"])
+    made["TAR_GZ"] = root / "model.tar.gz"
+    shutil.make_archive(str(root / "model.tar"), "gztar", root_dir=f["LM_CKPT"].parent)
+    shutil.move(root / "model.tar.tar.gz", made["TAR_GZ"])
+    made["TR_CKPT_DIR"] = f["TR_CKPT"].parent
+    made["TEXT_SAVE_DIR"] = root / "text_save_dir"
+    made["TEXT_SAVE_DIR"].mkdir()
+    shutil.copyfile(f["TEXT_FILE"], made["TEXT_SAVE_DIR"] / "checkpoint_best.pt")
+    return made
+
+
+def test_the_hub_names_a_file_that_is_no_checkpoint(files):
+    """The Python API raises, as a caller expects, with the line the tools print."""
+    from fairseq_feedback.errors import FeedbackUsageError
+    from fairseq_feedback.models import FeedbackLanguageModel
+
+    with pytest.raises(FeedbackUsageError, match=r"zip\.pt is a zip archive of something else than a checkpoint"):
+        FeedbackLanguageModel.from_pretrained(str(files["ZIP"].parent), "zip.pt", data_name_or_path=str(files["LM"]))
+
+
+def test_a_checkpoint_in_torchs_format_from_before_1_6_still_loads(files, tmp_path):
+    """The reader tells torch's older format (a pickle that starts with torch's magic number) from a pickle of
+    anything else."""
+    from fairseq_feedback.safe_checkpoints import fairseq_checkpoints_allowed
+
+    legacy = tmp_path / "legacy.pt"
+    with fairseq_checkpoints_allowed():
+        torch.save(torch.load(files["LM_CKPT"]), legacy, _use_new_zipfile_serialization=False)
+    proc = in_process("eval_lm", [a.format(**files) for a in EVAL_LM[:-3]] + ["--path", legacy, "--cpu"])
+    ok(proc)
+    assert "Perplexity" in proc.stdout + proc.stderr
+
+
+def test_a_torchscript_model_is_named_not_handed_to_torch_jit(tmp_path):
+    """torch.load hands a TorchScript archive to torch.jit.load, which builds the module it holds."""
+    from fairseq_feedback import checkpoint_files
+    from fairseq_feedback.errors import FeedbackUsageError
+
+    torch.jit.save(torch.jit.script(torch.nn.Linear(2, 2)), tmp_path / "scripted.pt")
+    with pytest.raises(FeedbackUsageError, match=r"scripted\.pt is a TorchScript model \(torch\.jit\.save\), not a "
+                                                 "checkpoint"):
+        checkpoint_files.read(tmp_path / "scripted.pt")

@@ -191,6 +191,9 @@ def checkpoint_to_resume(save_dir: str, suffix: str = "") -> Optional[Resumed]:
         return None
     names = re.compile(CHECKPOINT_NAMES + re.escape(suffix) + r"\.pt")
     paths = sorted(os.path.join(save_dir, name) for name in os.listdir(save_dir) if names.fullmatch(name))
+    for path in paths:
+        if not checkpoint_files.is_cut_short(path):
+            checkpoint_files.check_file(path)  # no checkpoint at all, in a checkpoint's name: named
     complete = {path: progress(path) for path in paths if checkpoint_files.is_complete(path)}
     if not complete:
         if paths:

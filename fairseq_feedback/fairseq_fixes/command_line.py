@@ -565,7 +565,7 @@ def check_checkpoints(cfg, model, tool) -> None:
     batches to make."""
     path = cfg.get("common_eval", {}).get("path")
     for checkpoint in utils.split_paths(path) if path else []:
-        if not os.path.isfile(checkpoint):
+        if not os.path.exists(checkpoint):  # a folder: named by checkpoint_files
             raise FeedbackUsageError(f"checkpoint {checkpoint} not found: check --path")
         check_read_as_trained(cfg, checkpoint, tool)
     if model is not None:
@@ -596,7 +596,7 @@ def continued_checkpoint(cfg):
     option, path = named
     if path is None:
         return None
-    if not os.path.isfile(path):
+    if not os.path.exists(path):
         raise FeedbackUsageError(f"{option} {path} not found: check the path")
     return path, option
 
