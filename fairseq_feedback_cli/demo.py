@@ -369,7 +369,7 @@ def main(argv=None):
     for key in ("updates", "eval_every", "seed"):
         if getattr(args, key) is not None:
             config[key] = getattr(args, key)
-    check_destination(args.out, "--out")
+    check_destination(args.out, "--out", folder=True)
     quiet()
     stop_on_sigterm()  # as Ctrl-C: stop the training runs, remove the partial folder
     try:

@@ -523,6 +523,27 @@ CASES |= {
     "lm --save-dir holding a checkpoint_best.pt that is a text file": lm(
         "--save-dir", "{TEXT_SAVE_DIR}", message="{TEXT_SAVE_DIR}/checkpoint_best.pt is a text file (it begins 'not "
                                                  "a checkpoint'), not a checkpoint"),
+    # 2. an output of one of this project's tools that cannot be written as asked, refused before the work
+    "feedback-benchmark --json a folder": Case("fairseq_feedback_cli.benchmark", ["--preset", "tiny", "--json", "{LM}"],
+                                               "--json {LM} is a folder, and a file is written there: name a file"),
+    "feedback-benchmark --json in /proc": Case("fairseq_feedback_cli.benchmark",
+                                               ["--preset", "tiny", "--json", "/proc/nope/bench.json"],
+                                               "--json /proc/nope/bench.json: nothing can be written in /proc"),
+    **{f"{tool.rsplit('.', 1)[-1]} {option} a folder": Case(tool, [*argv, option, "{TR}"],
+                                                             f"{option} {{TR}} is a folder, and a file is written there")
+       for tool, argv, option in (
+           ("fairseq_feedback_cli.average_checkpoints", ["--inputs", "{LM_CKPT}"], "--output"),
+           ("fairseq_feedback_cli.evaluate_toy", ["--task", "copy", "--data", "{LM}", "--path", "{LABELS_CKPT}"],
+            "--output"),
+           ("fairseq_feedback_cli.curves", ["log", "{TEXT_FILE}"], "--out"))},
+    # a file where a folder is wanted: the data scripts replaced it by their folder, the corpus kept it as one
+    **{f"{tool.split('.')[-2 if tool.endswith('.cli') else -1]} {option} a file": Case(tool, [*argv, option, "{TEXT_FILE}"],
+                                                          f"{option} {{TEXT_FILE}} is a file, not a folder")
+       for tool, argv, option in (
+           ("fairseq_feedback_cli.data_prep.prepare_iwslt14_de_en", ["--raw", "{LM}"], "--dest"),
+           ("fairseq_feedback_cli.data_prep.prepare_iwslt14_de_en", ["--raw", "{LM}", "--dest", "{OUT}"], "--work"),
+           ("fairseq_feedback_cli.data_prep.synthetic_translation", [], "--out"),
+           ("fairseq_feedback_cli.gpu_check.cli", ["--device", "cpu"], "--out"))},
     "eval-lm --model-overrides {'memory_span': 0}": Case(
         "eval_lm", [*EVAL_LM, "--model-overrides", literally("{'memory_span': 0}")],
         "--memory-span must be at least 1, got 0"),

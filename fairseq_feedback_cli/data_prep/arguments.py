@@ -43,5 +43,5 @@ def resolve_dirs(args: argparse.Namespace) -> None:
         if not args.raw.is_dir():
             fail(f"--raw {args.raw} is not a folder")
     check_at_least(args, workers=1)
-    check_destination(args.dest, "--dest")
-    check_destination(args.work, "--work")
+    check_destination(args.dest, "--dest", folder=True)
+    check_destination(args.work, "--work", folder=True)

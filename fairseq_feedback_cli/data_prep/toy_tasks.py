@@ -325,7 +325,7 @@ def build_parser():
 def main(argv=None):
     parsed = build_parser().parse_args(argv)
     check_at_least(parsed, **dict.fromkeys(COUNTS, 1))
-    check_destination(parsed.out, "--out")
+    check_destination(parsed.out, "--out", folder=True)
     args = vars(parsed)
     task, out, seed, force = args.pop("task"), args.pop("out"), args.pop("seed"), args.pop("force")
     sizes = {split: args.pop(split) for split in SPLITS}

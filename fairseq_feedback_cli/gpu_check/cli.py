@@ -38,7 +38,7 @@ import traceback
 from typing import List
 
 from ..command_line import ArgumentParser, check_at_least, command, fail
-from ..outputs import atomic_folder
+from ..outputs import atomic_folder, check_destination
 from .check import (FAILED, INTERRUPTED, NOT_JUDGED, NOT_RUN, PASSED, SKIPPED, STOPPED, Check, OutOfTime, Step,
                     StepFailed)
 from .gpu_tests import gpu_tests
@@ -150,6 +150,7 @@ def main(argv=None):
     if args.device == "cpu" and args.cuda_graphs == "auto":
         fail("--cuda-graphs auto runs no graphs on the CPU: pass --cuda-graphs emulate")
     out = os.path.abspath(args.out or datetime.datetime.now().strftime("gpu-check-%Y%m%d-%H%M%S"))
+    check_destination(out, "--out", folder=True)
     command = ["feedback-gpu-check", *(sys.argv[1:] if argv is None else argv)]
     machine = describe_machine(args.device)
 
