@@ -26,6 +26,7 @@ import shutil
 import time
 from dataclasses import dataclass
 
+import data_prep_fixtures
 import pytest
 import torch
 from helpers import PLUGIN, run, run_as_a_user, run_module, tiny_lm
@@ -544,6 +545,21 @@ CASES |= {
            ("fairseq_feedback_cli.data_prep.prepare_iwslt14_de_en", ["--raw", "{LM}", "--dest", "{OUT}"], "--work"),
            ("fairseq_feedback_cli.data_prep.synthetic_translation", [], "--out"),
            ("fairseq_feedback_cli.gpu_check.cli", ["--device", "cpu"], "--out"))},
+    # 3. raw data that a data script would hand to subword-nmt or fairseq-preprocess, which fail on it in tracebacks
+    "prepare_iwslt14_de_en: empty train halves": Case(
+        "fairseq_feedback_cli.data_prep.prepare_iwslt14_de_en",
+        ["--raw", "{IWSLT_EMPTY_TRAIN}", "--dest", "{OUT}", "--work", "{WORK}/iwslt", "--workers", "1"],
+        "{WORK}/iwslt/text/train.de holds no text, and fairseq-preprocess would make a split of nothing of it: check "
+        "the raw files it is made from (iwslt14_de_en)"),
+    **{f"prepare_wikitext103: {what}": Case(
+        "fairseq_feedback_cli.data_prep.prepare_wikitext103",
+        ["--raw", f"{{{raw}}}", "--dest", "{OUT}", "--work", f"{{WORK}}/{raw.lower()}", "--workers", "1"],
+        f"{{{raw}}}/wikitext-103/{message}")
+       for what, raw, message in (
+           ("a train file not UTF-8", "WIKI_NOT_UTF8", "wiki.train.tokens, line 4: not UTF-8 (byte 0xe9 at byte 1 "
+                                                  "of the line)"),
+           ("an empty valid file", "WIKI_EMPTY_VALID", "wiki.valid.tokens holds no text"),
+           ("a test file of blank lines", "WIKI_BLANK_TEST", "wiki.test.tokens holds no text"))},
     "eval-lm --model-overrides {'memory_span': 0}": Case(
         "eval_lm", [*EVAL_LM, "--model-overrides", literally("{'memory_span': 0}")],
         "--memory-span must be at least 1, got 0"),
@@ -646,7 +662,7 @@ def files(tmp_path_factory):
             (f[name] / path).write_bytes((f[name] / path).read_bytes()[:-10])
     f["TEST_BYTES"] = (f["LM"] / "test.bin").stat().st_size
     f["CUT_BYTES"] = f["TEST_BYTES"] - 10
-    f.update(not_checkpoints(root, f))
+    f.update(issue_54_files(root, f))
     return f
 
 
@@ -778,8 +794,9 @@ def test_generate_translates_the_shard_it_is_given(files):
     assert ids[0] and ids[1] and not ids[0] & ids[1] and ids[0] | ids[1] == set(range(5)), ids
 
 
-def not_checkpoints(root, f):
-    """Files given as checkpoints that are none, by placeholder."""
+def issue_54_files(root, f):
+    """Files given as checkpoints that are none, and raw data that the data scripts cannot binarize, by
+    placeholder."""
     import pickle
     import zipfile
 
@@ -798,6 +815,18 @@ def not_checkpoints(root, f):
     made["TEXT_SAVE_DIR"] = root / "text_save_dir"
     made["TEXT_SAVE_DIR"].mkdir()
     shutil.copyfile(f["TEXT_FILE"], made["TEXT_SAVE_DIR"] / "checkpoint_best.pt")
+    made["WORK"] = root / "work"  # the data scripts' --work: kept, as they keep it
+    made["IWSLT_EMPTY_TRAIN"] = root / "iwslt_empty_train"
+    data_prep_fixtures.write_iwslt(made["IWSLT_EMPTY_TRAIN"])
+    for lang in ("de", "en"):
+        (made["IWSLT_EMPTY_TRAIN"] / "de-en" / f"train.tags.de-en.{lang}").write_text("")
+    for name, split, text in (("WIKI_NOT_UTF8", "train", lambda t: t.replace(b"\n", b"\n\xe9t\xe9", 3).replace(b"\xe9t\xe9", b"", 2)),
+                              ("WIKI_EMPTY_VALID", "valid", lambda t: b""),
+                              ("WIKI_BLANK_TEST", "test", lambda t: b" \n\n \n")):
+        made[name] = root / name.lower()
+        data_prep_fixtures.write_wikitext(made[name])
+        path = made[name] / "wikitext-103" / f"wiki.{split}.tokens"
+        path.write_bytes(text(path.read_bytes()))
     return made
 
 
