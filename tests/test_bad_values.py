@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import data_prep_fixtures
 import pytest
 import torch
+from fairseq_feedback_cli import machine
 from helpers import PLUGIN, run, run_as_a_user, run_module, tiny_lm
 
 # ---------------------------------------------------------------------- the cases
@@ -353,12 +354,13 @@ CASES = {
        for option in ("--batch-size", "--tokens-per-sample") for value in (0, -1)},
     **{f"demo --{option} {value}": Case("fairseq_feedback_cli.demo", ["--tiny", "--out", "{OUT}", f"--{option}",
                                                                        str(value)],
+                                        f"--{option} must be in [{low}, " if option in ("threads", "seed") else
                                         f"--{option} must be at least {low}, got {value}")
        for option, low, values in (("updates", 1, (0, -1)), ("eval-every", 1, (0, -1)), ("threads", 1, (0, -1)),
                                    ("seed", 0, (-1,))) for value in values},
     **{f"feedback-benchmark --threads {value}": Case("fairseq_feedback_cli.benchmark",
                                                      ["--preset", "tiny", "--threads", str(value)],
-                                                     "--threads must be at least 1") for value in (0, -1)},
+                                                     "--threads must be in [1, ") for value in (0, -1)},
     "feedback-benchmark --preset nope": Case("fairseq_feedback_cli.benchmark", ["--preset", "nope"],
                                              "invalid choice: 'nope'"),
     # issue 45, the four kinds of mistake that fairseq's own code meets, whatever the option, file or moment
@@ -560,6 +562,24 @@ CASES |= {
                                                   "of the line)"),
            ("an empty valid file", "WIKI_EMPTY_VALID", "wiki.valid.tokens holds no text"),
            ("a test file of blank lines", "WIKI_BLANK_TEST", "wiki.test.tokens holds no text"))},
+    # 4. a value past what this machine takes: threads, processes, the integers of a seed, sizes past its memory
+    "feedback-benchmark --threads 100000": Case(
+        "fairseq_feedback_cli.benchmark", ["--preset", "tiny", "--threads", "100000"],
+        f"--threads must be in [1, {machine.cores():,}] (the CPU cores this process may use), got 100000"),
+    "prepare_wikitext103 --workers 100000": Case(
+        "fairseq_feedback_cli.data_prep.prepare_wikitext103",
+        ["--raw", "{WIKI_EMPTY_VALID}", "--dest", "{OUT}", "--workers", "100000"],
+        f"--workers must be in [1, {machine.cores():,}] (the CPU cores this process may use), got 100000"),
+    "feedback-benchmark --seed 2**64": Case(  # torch: ValueError: Overflow when unpacking long long
+        "fairseq_feedback_cli.benchmark", ["--preset", "tiny", "--seed", str(2 ** 64)],
+        f"--seed must be in [0, 4,294,967,295] (the seeds numpy and fairseq take), got {2 ** 64}"),
+    "toy_tasks copy --test-length 10**12": Case(
+        "fairseq_feedback_cli.data_prep.toy_tasks", ["copy", "--out", "{OUT}", "--test-length", str(10 ** 12)],
+        "--test-length must be in [1, "),
+    "evaluate_toy --batch-size 10**15": Case(
+        "fairseq_feedback_cli.evaluate_toy", ["--task", "copy", "--data", "{LM}", "--path", "{LABELS_CKPT}",
+                                              "--batch-size", str(10 ** 15), "--output", "{OUT}"],
+        "--batch-size must be in [1, "),
     "eval-lm --model-overrides {'memory_span': 0}": Case(
         "eval_lm", [*EVAL_LM, "--model-overrides", literally("{'memory_span': 0}")],
         "--memory-span must be at least 1, got 0"),
