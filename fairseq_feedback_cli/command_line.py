@@ -22,8 +22,9 @@ def command(main: Callable, interrupted: str = "nothing it was writing was left;
     """Every command's main: a write the system refuses midway (a full disk,
     a file-size limit, a read-only disk) ends it in one line naming the file
     and the fix, as a mistake does, wherever the write was, and so do
-    Ctrl-C and a mistake named by the code it calls (FeedbackUsageError); what the command was writing went on the way out (outputs.py:
-    complete or not at all)."""
+    Ctrl-C and a mistake named by the code it calls (FeedbackUsageError);
+    what the command was writing went on the way out (outputs.py: complete
+    or not at all)."""
 
     @functools.wraps(main)
     def run(*args, **kwargs):

@@ -101,7 +101,7 @@ def loaded_in_one_line(load_checkpoint_to_cpu):
 
     @functools.wraps(load_checkpoint_to_cpu)
     def load(path, *args, **kwargs):
-        if os.path.isfile(path):
+        if os.path.exists(path):  # a folder too: named
             checkpoint_files.read(path)
         try:
             return load_checkpoint_to_cpu(path, *args, **kwargs)
