@@ -364,7 +364,7 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, help="threads per training run (default: half the cores)")
     parser.add_argument("--tiny", action="store_true", help="a few updates of a tiny model: checks that it runs")
     args = parser.parse_args(argv)
-    # before anything is written: the seed goes to numpy (0 and up), the rest count
+    # before anything is written: the counts, the seed (numpy's range) and the threads (this machine's cores)
     check_at_least(args, updates=1, eval_every=1)
     check_within(args, threads=(1, cores(), CORES), seed=SEEDS)
     config = dict(TINY if args.tiny else CONFIG)
