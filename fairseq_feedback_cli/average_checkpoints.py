@@ -15,16 +15,16 @@ with the model's parameters replaced by their mean: floating-point ones
 averaged in float64 and stored in their own type (float32 for float16 and
 bfloat16 ones, as fairseq does), integer ones floor-divided.
 
-Checkpoints are read with torch's default weights_only loading, with exactly
-the classes fairseq stores allowed (fairseq_feedback.safe_checkpoints), so a
-file holding anything else is refused rather than run. The output is written to
+Checkpoints are read as every tool reads them (fairseq_feedback.checkpoint_files):
+with torch's weights_only loading, with exactly the classes fairseq stores
+allowed (fairseq_feedback.safe_checkpoints), so a file holding anything else is
+refused rather than run, and a file that is no checkpoint is named in one line. The output is written to
 OUTPUT.tmp and renamed into place, so it is never half written. Mistakes
 end with one line naming them, never a traceback.
 """
 
 import argparse
 import os
-import pickle
 import re
 from collections import OrderedDict
 from typing import Dict, List, Optional
@@ -57,23 +57,12 @@ def last_checkpoints(folder: str, n: int, update_based: bool, upper_bound: Optio
 
 
 def load(path: str) -> dict:
-    import torch
+    from fairseq_feedback import checkpoint_files
 
-    from fairseq_feedback.safe_checkpoints import allow_fairseq_checkpoints, refusal
-
-    allow_fairseq_checkpoints()  # the classes fairseq stores in checkpoints, and no other
-    if not os.path.isfile(path):
+    if not os.path.exists(path):
         fail(f"checkpoint {path} not found")
-    try:
-        state = torch.load(path, map_location="cpu")  # torch's default: weights_only
-    except pickle.UnpicklingError as e:  # weights_only refused a class (the file would have run code), or corrupt
-        fail(refusal(path, e) or f"cannot read {path} as a checkpoint: not a torch.save file, or corrupt")
-    except (RuntimeError, EOFError, OSError, ValueError) as e:
-        first = str(e).splitlines()[0][:160] if str(e) else type(e).__name__
-        fail(f"cannot read {path} as a checkpoint: truncated or corrupt? ({first})")
-    if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
-        fail(f"{path} is not a fairseq checkpoint (no 'model' parameters in it)")
-    return state
+    # torch's weights-only loading, with exactly the classes fairseq stores allowed
+    return checkpoint_files.read(path, mmap=False)
 
 
 def _names(keys) -> str:

@@ -21,9 +21,10 @@ def fail(message: str) -> NoReturn:
 def command(main: Callable, interrupted: str = "nothing it was writing was left; rerun the same command") -> Callable:
     """Every command's main: a write the system refuses midway (a full disk,
     a file-size limit, a read-only disk) ends it in one line naming the file
-    and the fix, as a mistake does, wherever the write was, and so does
-    Ctrl-C; what the command was writing went on the way out (outputs.py:
-    complete or not at all)."""
+    and the fix, as a mistake does, wherever the write was, and so do
+    Ctrl-C and a mistake named by the code it calls (FeedbackUsageError);
+    what the command was writing went on the way out (outputs.py: complete
+    or not at all)."""
 
     @functools.wraps(main)
     def run(*args, **kwargs):
@@ -32,8 +33,11 @@ def command(main: Callable, interrupted: str = "nothing it was writing was left;
         except KeyboardInterrupt:
             fail(f"interrupted; {interrupted}")
         except Exception as e:
-            from fairseq_feedback.errors import PATH_FIXES, refused_write  # on failure alone: it imports torch
+            # on failure alone: it imports torch
+            from fairseq_feedback.errors import PATH_FIXES, FeedbackUsageError, refused_write
 
+            if isinstance(e, FeedbackUsageError):  # a mistake the code it calls names (a file that is no checkpoint)
+                fail(str(e))
             refused = refused_write(e)
             if refused is None:
                 raise

@@ -113,7 +113,8 @@ def main(argv=None):
     if not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
         fail(f"the folder of --out {args.out} does not exist")
     # a log's plot is one file, which must not be a log; toy plots are added to a folder, never replace it
-    check_destination(args.out, "--out", reads={"inputs": args.inputs} if args.kind == "log" else {})
+    check_destination(args.out, "--out", reads={"inputs": args.inputs} if args.kind == "log" else {},
+                      folder=args.kind == "toy")
     if args.kind == "toy":
         os.makedirs(args.out, exist_ok=True)
         print("| task | model | updates | token accuracy | episode accuracy | training hours |")

@@ -41,6 +41,7 @@ import torch
 
 from . import plots, toy_evaluation
 from .command_line import ArgumentParser, check_at_least, command, fail, quiet, stop_on_sigterm
+from .machine import CORES, SEEDS, check_within, cores
 from .outputs import atomic_folder, check_destination
 from .toy_scoring import METRICS
 
@@ -363,13 +364,14 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, help="threads per training run (default: half the cores)")
     parser.add_argument("--tiny", action="store_true", help="a few updates of a tiny model: checks that it runs")
     args = parser.parse_args(argv)
-    # before anything is written: the seed goes to numpy (0 and up), the rest count
-    check_at_least(args, updates=1, eval_every=1, threads=1, seed=0)
+    # before anything is written: the counts, the seed (numpy's range) and the threads (this machine's cores)
+    check_at_least(args, updates=1, eval_every=1)
+    check_within(args, threads=(1, cores(), CORES), seed=SEEDS)
     config = dict(TINY if args.tiny else CONFIG)
     for key in ("updates", "eval_every", "seed"):
         if getattr(args, key) is not None:
             config[key] = getattr(args, key)
-    check_destination(args.out, "--out")
+    check_destination(args.out, "--out", folder=True)
     quiet()
     stop_on_sigterm()  # as Ctrl-C: stop the training runs, remove the partial folder
     try:

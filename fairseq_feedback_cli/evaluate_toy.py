@@ -33,6 +33,7 @@ import os
 from fairseq_feedback.fairseq_fixes.one_line import one_line
 
 from .command_line import ArgumentParser, check_at_least, command, fail, quiet
+from .machine import check_within, in_memory
 from .outputs import check_destination
 from .toy_evaluation import default_output, evaluate, score_files
 from .toy_scoring import METRICS
@@ -77,6 +78,8 @@ def main(argv=None):
     elif not (args.data and args.path):
         parser.error("pass --data and --path (a checkpoint), or --predictions and --raw")
     check_at_least(args, batch_size=1, tokens_per_sample=1)
+    # each stream takes at least 100 bytes as the task lays the split out (its bounds, length, list of blocks)
+    check_within(args, batch_size=in_memory(100, "the streams that fit"))
     if not args.predictions:
         check_destination(args.output or default_output(args.path, args.split), "--output",
                           reads={"--path": args.path, "--raw": args.raw, "--data": args.data})

@@ -13,14 +13,18 @@ PathLike = Union[str, os.PathLike]
 
 
 def check_destination(path: PathLike, option: str,
-                      reads: Mapping[str, Union[None, PathLike, Sequence[PathLike]]] = {}) -> None:
-    """Stops with one line naming `option` unless `path` (a file or a folder
-    to write, and the folders that will hold it) can be created, and is none
-    of what the command reads (`reads`: its options and their paths), by
-    path or by link, nor a folder holding one: checked before any work,
-    rather than found when the result is ready to write, or after it has
-    replaced its own input. Tried for real, with a temporary folder made and
-    removed where it would go, since permissions alone do not tell (a
+                      reads: Mapping[str, Union[None, PathLike, Sequence[PathLike]]] = {},
+                      folder: bool = False) -> None:
+    """Stops with one line naming `option` unless `path` can be written as
+    what the command writes there (a file, or with `folder` a folder, made
+    with the folders that will hold it), and is none of what the command
+    reads (`reads`: its options and their paths), by path or by link, nor a
+    folder holding one: checked before any work, rather than found when the
+    result is ready to write (a folder where a file is wanted ended the
+    benchmark in IsADirectoryError), or after it has replaced its own input
+    or a file where a folder was wanted. Every tool of this project checks
+    each of its outputs here. Tried for real, with a temporary folder made
+    and removed where it would go, since permissions alone do not tell (a
     read-only disk, /proc, /sys)."""
     for read_option, paths in reads.items():
         for read in [paths] if isinstance(paths, (str, os.PathLike)) else paths or ():
@@ -28,13 +32,21 @@ def check_destination(path: PathLike, option: str,
                 fail(f"{option} {path} would write over {read_option} {read}, which this command reads: "
                      "pass another path")
     path = Path(path).absolute()
-    folder = path if path.is_dir() else next(p for p in path.parents if p.exists())
-    if not folder.is_dir():
-        fail(f"{option} {path}: {folder} is a file, not a folder: check the path")
+    if folder and path.exists() and not path.is_dir():
+        fail(f"{option} {path} is a file, not a folder: pass a folder (the file is left as it is)")
+    if not folder and path.is_dir():
+        fail(f"{option} {path} is a folder, and a file is written there: name a file, in it or elsewhere")
+    if path.exists() and not path.is_file() and not path.is_dir():  # a device or a pipe: written, never replaced
+        if not os.access(path, os.W_OK):
+            fail(f"{option} {path} cannot be written (its permissions): pass a path you can write to")
+        return
+    holder = path if path.is_dir() else next(p for p in path.parents if p.exists())
+    if not holder.is_dir():
+        fail(f"{option} {path}: {holder} is a file, not a folder: check the path")
     try:
-        os.rmdir(tempfile.mkdtemp(prefix=".write-test-", dir=folder))
+        os.rmdir(tempfile.mkdtemp(prefix=".write-test-", dir=holder))
     except OSError as e:
-        fail(f"{option} {path}: nothing can be written in {folder} ({e.strerror}): pass a path you can write to")
+        fail(f"{option} {path}: nothing can be written in {holder} ({e.strerror}): pass a path you can write to")
 
 
 def _would_replace(output: Path, read: Path) -> bool:

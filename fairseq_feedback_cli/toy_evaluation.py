@@ -7,7 +7,8 @@ import os
 
 import torch
 
-from fairseq_feedback.safe_checkpoints import allow_fairseq_checkpoints, refusal
+from fairseq_feedback import checkpoint_files
+from fairseq_feedback.safe_checkpoints import allow_fairseq_checkpoints
 
 from .command_line import fail
 from .outputs import atomic_file
@@ -22,18 +23,15 @@ def load(path, data, tokens_per_sample=None):
     from fairseq import checkpoint_utils
 
     allow_fairseq_checkpoints()  # the classes fairseq stores in checkpoints, and no other
-    if not os.path.isfile(path):
+    if not os.path.exists(path):
         fail(f"checkpoint {path} not found: pass the .pt file fairseq-train wrote")
     if not os.path.isdir(data):
         fail(f"data directory {data} not found: pass the --destdir of fairseq-preprocess")
     overrides = {"data": data}
     if tokens_per_sample is not None:
         overrides["tokens_per_sample"] = tokens_per_sample
-    try:
-        state = checkpoint_utils.load_checkpoint_to_cpu(path, arg_overrides=overrides)
-    except Exception as e:  # torch's weights-only refusal, or not a checkpoint at all (pickle, zip)
-        first = str(e).split(". ")[0].splitlines()[0] if str(e).strip() else ""
-        fail(refusal(path, e) or f"{path} is not a readable fairseq checkpoint ({type(e).__name__}: {first})")
+    checkpoint_files.read(path)  # a file that is no checkpoint, in one line; its tensors left on disk
+    state = checkpoint_utils.load_checkpoint_to_cpu(path, arg_overrides=overrides)
     cfg = state.get("cfg")
     if cfg is None or cfg.get("task") is None:
         fail(f"{path} holds no fairseq training configuration")

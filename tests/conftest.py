@@ -65,9 +65,12 @@ def preprocess_in_this_process(monkeypatch):
     from fairseq_feedback_cli.data_prep import steps
     from helpers import run
 
-    def run_here(cmd):
+    def run_here(cmd, stdout=None, stderr=None):
         assert cmd[:3] == [sys.executable, "-m", "fairseq_cli.preprocess"], cmd
-        return subprocess.CompletedProcess(cmd, run("preprocess", *cmd[3:], check=False).returncode)
+        proc = run("preprocess", *cmd[3:], check=False)
+        if stdout is not None:  # its log file
+            stdout.write(proc.stdout + proc.stderr)
+        return subprocess.CompletedProcess(cmd, proc.returncode)
 
     monkeypatch.setattr(steps, "subprocess", types.SimpleNamespace(run=run_here))
 

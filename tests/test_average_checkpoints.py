@@ -84,9 +84,10 @@ def test_average_errors_are_one_line_and_write_nothing(tmp_path):
     assert "has shape (5, 4)" in error_of(
         average, "--inputs", tmp_path / "checkpoint1.pt", tmp_path / "shape.pt", "--output", out)
     (tmp_path / "broken.pt").write_bytes(b"not a checkpoint")
-    assert "cannot read" in error_of(average, "--inputs", tmp_path / "broken.pt", "--output", out)
+    assert "is a text file (it begins 'not a checkpoint'), not a checkpoint" in error_of(
+        average, "--inputs", tmp_path / "broken.pt", "--output", out)
     torch.save({"weights": torch.zeros(2)}, tmp_path / "plain.pt")
-    assert "not a fairseq checkpoint" in error_of(average, "--inputs", tmp_path / "plain.pt", "--output", out)
+    assert "holds no model's parameters" in error_of(average, "--inputs", tmp_path / "plain.pt", "--output", out)
     assert not out.exists() and not list(tmp_path.glob("*.tmp"))
 
 

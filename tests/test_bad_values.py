@@ -26,8 +26,10 @@ import shutil
 import time
 from dataclasses import dataclass
 
+import data_prep_fixtures
 import pytest
 import torch
+from fairseq_feedback_cli import machine
 from helpers import PLUGIN, run, run_as_a_user, run_module, tiny_lm
 
 # ---------------------------------------------------------------------- the cases
@@ -226,8 +228,9 @@ CASES = {
     "lm --finetune-from-model truncated": lm("--finetune-from-model", "{TRUNCATED}",
                                              message="{TRUNCATED} is truncated"),
     "translation --restore-file empty": tr("--restore-file", "{EMPTY_FILE}", message="{EMPTY_FILE} is truncated"),
-    "translation --restore-file not a checkpoint": tr("--restore-file", "{TEXT_FILE}",
-                                                      message="{TEXT_FILE} is not a checkpoint"),
+    "translation --restore-file not a checkpoint": tr(
+        "--restore-file", "{TEXT_FILE}", message="{TEXT_FILE} is a text file (it begins 'not a checkpoint'), not a "
+                                                 "checkpoint"),
     "generate --path truncated (cold)": Case("generate", ["{TR}", "--path", "{TRUNCATED}", "--cpu"],
                                              "{TRUNCATED} is truncated", cold=True),
     "generate --path truncated --results-path": Case(
@@ -237,7 +240,8 @@ CASES = {
     "eval-lm --path truncated": Case("eval_lm", ["{LM}", "--path", "{TRUNCATED}", "--cpu"],
                                      "{TRUNCATED} is truncated"),
     "eval-lm --path not a checkpoint": Case("eval_lm", ["{LM}", "--path", "{TEXT_FILE}", "--cpu"],
-                                            "{TEXT_FILE} is not a checkpoint"),
+                                            "{TEXT_FILE} is a text file (it begins 'not a checkpoint'), not a "
+                                            "checkpoint"),
     "interactive --path truncated": Case("interactive", ["{TR}", "--path", "{TRUNCATED}", "--cpu"],
                                          "{TRUNCATED} is truncated", stdin="s1 s2\n"),
     "interactive --path empty": Case("interactive", ["{TR}", "--path", "{EMPTY_FILE}", "--cpu"],
@@ -350,12 +354,13 @@ CASES = {
        for option in ("--batch-size", "--tokens-per-sample") for value in (0, -1)},
     **{f"demo --{option} {value}": Case("fairseq_feedback_cli.demo", ["--tiny", "--out", "{OUT}", f"--{option}",
                                                                        str(value)],
+                                        f"--{option} must be in [{low}, " if option in ("threads", "seed") else
                                         f"--{option} must be at least {low}, got {value}")
        for option, low, values in (("updates", 1, (0, -1)), ("eval-every", 1, (0, -1)), ("threads", 1, (0, -1)),
                                    ("seed", 0, (-1,))) for value in values},
     **{f"feedback-benchmark --threads {value}": Case("fairseq_feedback_cli.benchmark",
                                                      ["--preset", "tiny", "--threads", str(value)],
-                                                     "--threads must be at least 1") for value in (0, -1)},
+                                                     "--threads must be in [1, ") for value in (0, -1)},
     "feedback-benchmark --preset nope": Case("fairseq_feedback_cli.benchmark", ["--preset", "nope"],
                                              "invalid choice: 'nope'"),
     # issue 45, the four kinds of mistake that fairseq's own code meets, whatever the option, file or moment
@@ -400,7 +405,6 @@ CASES = {
                                                    f"(trained with {was}; asked for {now})")
        for tool, argv, checkpoint, given, was, now in (
            ("eval_lm", EVAL_LM, "LM_CKPT", "{'decoder_layers': 3}", "decoder_layers 2", "decoder_layers 3"),
-           ("eval_lm", EVAL_LM, "LM_CKPT", "{'memory_span': 0}", "memory_span 8", "memory_span 0"),
            ("generate", GENERATE, "TR_CKPT", "{'encoder_embed_dim': 32}", "encoder_embed_dim 16",
             "encoder_embed_dim 32"))},
     # a plugin's option of the wrong type, refused by omegaconf as fairseq merges the overrides
@@ -483,6 +487,102 @@ CASES = {
     "translation --best-checkpoint-metric bleu (validation at the end)": tr(
         "--best-checkpoint-metric", "bleu", "--maximize-best-checkpoint-metric",
         message="KeyError: 'bleu' (in fairseq_cli.train; check --best-checkpoint-metric bleu"),
+}
+
+# ---------------------------------------------------------------------- issue 54
+CASES |= {
+    # --model-overrides at inference: what changes the parameters' shapes is refused, naming them (the rest is
+    # read: test_an_override_that_keeps_the_parameters_shapes_is_read_and_said)
+    "eval-lm --model-overrides {'memory_span': 4}: learned relative positions over the span": Case(
+        "eval_lm", [*EVAL_LM, "--model-overrides", literally("{'memory_span': 4}")],
+        "--model-overrides changes the model {LM_CKPT} holds (trained with memory_span 8; asked for memory_span 4), "
+        "and its parameters do not fit the model asked for (decoder.key_positions: 8x8 in the checkpoint, 4x8 "
+        "asked): drop those; what may change is what keeps the parameters' shapes"),
+    # --num-shards: fairseq-generate shards by it (test_generate_translates_the_shard_it_is_given); the tools
+    # that do not shard took it without a word
+    **{f"{name} --num-shards 2": Case(tool, [*argv, "--num-shards", "2"], f"fairseq-{name} reads its data whole, "
+                                      "not by --num-shards", stdin="s1\n")
+       for name, tool, argv in (("train", "train", LM_TRAIN), ("validate", "validate", [*EVAL_LM, "--batch-size", "2"]),
+                                ("interactive", "interactive", GENERATE))},
+    # 1. a file that is no checkpoint, whatever it is, named with what it holds, wherever a checkpoint is read
+    "lm --restore-file: a zip archive of something else": lm(
+        "--restore-file", "{ZIP}", message="{ZIP} is a zip archive of something else than a checkpoint (it holds "
+                                           "notes.txt, weights.npy): check the path, or pass a checkpoint that "
+                                           "fairseq-train wrote"),
+    "eval-lm --path: model.tar.gz": Case("eval_lm", [*EVAL_LM[:-3], "--path", "{TAR_GZ}", "--cpu"],
+                                         "{TAR_GZ} is a gzip archive (fairseq's pretrained models come as "
+                                         "model.tar.gz: unpack it, and pass its model.pt), not a checkpoint"),
+    "generate --path: a pickle of a list": Case("generate", ["{TR}", "--path", "{PICKLE}", "--cpu"],
+                                                "{PICKLE} is a Python pickle, not a file torch.save wrote"),
+    "interactive --path: a folder": Case("interactive", ["{TR}", "--path", "{TR_CKPT_DIR}", "--cpu"],
+                                         "{TR_CKPT_DIR} is a folder, not a checkpoint file: name the .pt file in it, "
+                                         "as {TR_CKPT_DIR}/checkpoint_best.pt", stdin="s1\n"),
+    "average-checkpoints --inputs: a tensor": Case(
+        "fairseq_feedback_cli.average_checkpoints", ["--inputs", "{LM_CKPT}", "{TENSOR}", "--output", "{OUT}"],
+        "{TENSOR} holds a Tensor, not a checkpoint (a dict of the model's parameters and its options)"),
+    "evaluate_toy --path: a zip archive of something else": Case(
+        "fairseq_feedback_cli.evaluate_toy", ["--task", "copy", "--data", "{LM}", "--path", "{ZIP}", "--output",
+                                              "{OUT}"], "{ZIP} is a zip archive of something else than a checkpoint"),
+    "lm --save-dir holding a checkpoint_best.pt that is a text file": lm(
+        "--save-dir", "{TEXT_SAVE_DIR}", message="{TEXT_SAVE_DIR}/checkpoint_best.pt is a text file (it begins 'not "
+                                                 "a checkpoint'), not a checkpoint"),
+    # 2. an output of one of this project's tools that cannot be written as asked, refused before the work
+    "feedback-benchmark --json a folder": Case("fairseq_feedback_cli.benchmark", ["--preset", "tiny", "--json", "{LM}"],
+                                               "--json {LM} is a folder, and a file is written there: name a file"),
+    "feedback-benchmark --json in /proc": Case("fairseq_feedback_cli.benchmark",
+                                               ["--preset", "tiny", "--json", "/proc/nope/bench.json"],
+                                               "--json /proc/nope/bench.json: nothing can be written in /proc"),
+    **{f"{tool.rsplit('.', 1)[-1]} {option} a folder": Case(
+        tool, [*argv, option, "{TR}"], f"{option} {{TR}} is a folder, and a file is written there")
+       for tool, argv, option in (
+           ("fairseq_feedback_cli.average_checkpoints", ["--inputs", "{LM_CKPT}"], "--output"),
+           ("fairseq_feedback_cli.evaluate_toy", ["--task", "copy", "--data", "{LM}", "--path", "{LABELS_CKPT}"],
+            "--output"),
+           ("fairseq_feedback_cli.curves", ["log", "{TEXT_FILE}"], "--out"))},
+    # a file where a folder is wanted: the data scripts replaced it by their folder, the corpus kept it as one
+    **{f"{tool.split('.')[-2 if tool.endswith('.cli') else -1]} {option} a file": Case(
+        tool, [*argv, option, "{TEXT_FILE}"], f"{option} {{TEXT_FILE}} is a file, not a folder")
+       for tool, argv, option in (
+           ("fairseq_feedback_cli.data_prep.prepare_iwslt14_de_en", ["--raw", "{LM}"], "--dest"),
+           ("fairseq_feedback_cli.data_prep.prepare_iwslt14_de_en", ["--raw", "{LM}", "--dest", "{OUT}"], "--work"),
+           ("fairseq_feedback_cli.data_prep.synthetic_translation", [], "--out"),
+           ("fairseq_feedback_cli.gpu_check.cli", ["--device", "cpu"], "--out"))},
+    # 3. raw data that a data script would hand to subword-nmt or fairseq-preprocess, which fail on it in tracebacks
+    "prepare_iwslt14_de_en: empty train halves": Case(
+        "fairseq_feedback_cli.data_prep.prepare_iwslt14_de_en",
+        ["--raw", "{IWSLT_EMPTY_TRAIN}", "--dest", "{OUT}", "--work", "{WORK}/iwslt", "--workers", "1"],
+        "{WORK}/iwslt/text/train.de holds no text, and fairseq-preprocess would make a split of nothing of it: check "
+        "the raw files it is made from (iwslt14_de_en)"),
+    **{f"prepare_wikitext103: {what}": Case(
+        "fairseq_feedback_cli.data_prep.prepare_wikitext103",
+        ["--raw", f"{{{raw}}}", "--dest", "{OUT}", "--work", f"{{WORK}}/{raw.lower()}", "--workers", "1"],
+        f"{{{raw}}}/wikitext-103/{message}")
+       for what, raw, message in (
+           ("a train file not UTF-8", "WIKI_NOT_UTF8", "wiki.train.tokens, line 4: not UTF-8 (byte 0xe9 at byte 1 "
+                                                  "of the line)"),
+           ("an empty valid file", "WIKI_EMPTY_VALID", "wiki.valid.tokens holds no text"),
+           ("a test file of blank lines", "WIKI_BLANK_TEST", "wiki.test.tokens holds no text"))},
+    # 4. a value past what this machine takes: threads, processes, the integers of a seed, sizes past its memory
+    "feedback-benchmark --threads 100000": Case(
+        "fairseq_feedback_cli.benchmark", ["--preset", "tiny", "--threads", "100000"],
+        f"--threads must be in [1, {machine.cores():,}] (the CPU cores this process may use), got 100000"),
+    "prepare_wikitext103 --workers 100000": Case(
+        "fairseq_feedback_cli.data_prep.prepare_wikitext103",
+        ["--raw", "{WIKI_EMPTY_VALID}", "--dest", "{OUT}", "--workers", "100000"],
+        f"--workers must be in [1, {machine.cores():,}] (the CPU cores this process may use), got 100000"),
+    "feedback-benchmark --seed 2**64": Case(  # torch: ValueError: Overflow when unpacking long long
+        "fairseq_feedback_cli.benchmark", ["--preset", "tiny", "--seed", str(2 ** 64)],
+        f"--seed must be in [0, 4,294,967,295] (the seeds numpy and fairseq take), got {2 ** 64}"),
+    "toy_tasks copy --test-length 10**12": Case(
+        "fairseq_feedback_cli.data_prep.toy_tasks", ["copy", "--out", "{OUT}", "--test-length", str(10 ** 12)],
+        "--test-length must be in [1, "),
+    "evaluate_toy --batch-size 10**15": Case(
+        "fairseq_feedback_cli.evaluate_toy", ["--task", "copy", "--data", "{LM}", "--path", "{LABELS_CKPT}",
+                                              "--batch-size", str(10 ** 15), "--output", "{OUT}"],
+        "--batch-size must be in [1, "),
+    "eval-lm --model-overrides {'memory_span': 0}": Case(
+        "eval_lm", [*EVAL_LM, "--model-overrides", literally("{'memory_span': 0}")],
+        "--memory-span must be at least 1, got 0"),
 }
 
 
@@ -582,6 +682,7 @@ def files(tmp_path_factory):
             (f[name] / path).write_bytes((f[name] / path).read_bytes()[:-10])
     f["TEST_BYTES"] = (f["LM"] / "test.bin").stat().st_size
     f["CUT_BYTES"] = f["TEST_BYTES"] - 10
+    f.update(issue_54_files(root, f))
     return f
 
 
@@ -686,3 +787,98 @@ def test_a_failed_generate_removes_the_results_file_it_wrote_and_only_that(files
     (results / "generate-test.txt").write_text("an earlier run's\n")
     assert in_process("generate", [*argv, "--beam", "0"]).returncode != 0
     assert (results / "generate-test.txt").read_text() == "an earlier run's\n"
+
+
+# ---------------------------------------------------------------------- issue 54: what is read, and said
+
+
+def test_an_override_that_keeps_the_parameters_shapes_is_read_and_said(files):
+    """Decoding with another span than the model was trained with is an experiment, not a mistake: the
+    translation model's decoder has no relative positions, so its parameters fit a model of span 4."""
+    proc = in_process("generate", [a.format(**files) for a in GENERATE]
+                      + ["--model-overrides", "{'memory_span': 4}", "--max-len-b", "3"])
+    ok(proc)
+    assert f"{files['TR_CKPT']} was trained with memory_span 8 and is read with memory_span 4 (--model-overrides): " \
+           "its parameters fit" in proc.stdout, proc.stdout[-3000:]
+    assert "BLEU" in proc.stdout
+
+
+def test_generate_translates_the_shard_it_is_given(files):
+    """fairseq-generate --num-shards 2 --shard-id 1 translated the whole test split, as shard 0 did."""
+    proc = in_process("generate", [a.format(**files) for a in GENERATE]
+                      + ["--num-shards", "2", "--shard-id", "1", "--max-len-b", "3", "--batch-size", "2"])
+    ok(proc)
+    ids = {int(line.split("\t")[0][2:]) for line in proc.stdout.splitlines() if line.startswith("S-")}
+    assert ids and ids < set(range(5)), ids  # fairseq's ShardedIterator deals the batches to the shards
+
+
+def issue_54_files(root, f):
+    """Files given as checkpoints that are none, and raw data that the data scripts cannot binarize, by
+    placeholder."""
+    import pickle
+    import zipfile
+
+    import numpy as np
+
+    made = {name: root / f"{name.lower()}.pt" for name in ("ZIP", "PICKLE", "TENSOR")}
+    with zipfile.ZipFile(made["ZIP"], "w") as archive:  # torch's reader: "file in archive is not in a subdirectory"
+        archive.writestr("notes.txt", "results\n")
+        archive.writestr("weights.npy", np.zeros(3).tobytes())
+    made["PICKLE"].write_bytes(pickle.dumps([1, 2, 3]))  # torch's reader: "Invalid magic number; corrupt file?"
+    torch.save(torch.zeros(3), made["TENSOR"])
+    made["TAR_GZ"] = root / "model.tar.gz"
+    shutil.make_archive(str(root / "model.tar"), "gztar", root_dir=f["LM_CKPT"].parent)
+    shutil.move(root / "model.tar.tar.gz", made["TAR_GZ"])
+    made["TR_CKPT_DIR"] = f["TR_CKPT"].parent
+    made["TEXT_SAVE_DIR"] = root / "text_save_dir"
+    made["TEXT_SAVE_DIR"].mkdir()
+    shutil.copyfile(f["TEXT_FILE"], made["TEXT_SAVE_DIR"] / "checkpoint_best.pt")
+    made["WORK"] = root / "work"  # the data scripts' --work: kept, as they keep it
+    made["IWSLT_EMPTY_TRAIN"] = root / "iwslt_empty_train"
+    data_prep_fixtures.write_iwslt(made["IWSLT_EMPTY_TRAIN"])
+    for lang in ("de", "en"):
+        (made["IWSLT_EMPTY_TRAIN"] / "de-en" / f"train.tags.de-en.{lang}").write_text("")
+    # line 4 of the train file begins with a latin-1 byte
+    latin_1 = b"\xe9t\xe9"
+    for name, split, text in (("WIKI_NOT_UTF8", "train", lambda t: t.replace(b"\n", b"\n" + latin_1, 3)
+                                                                     .replace(latin_1, b"", 2)),
+                              ("WIKI_EMPTY_VALID", "valid", lambda t: b""),
+                              ("WIKI_BLANK_TEST", "test", lambda t: b" \n\n \n")):
+        made[name] = root / name.lower()
+        data_prep_fixtures.write_wikitext(made[name])
+        path = made[name] / "wikitext-103" / f"wiki.{split}.tokens"
+        path.write_bytes(text(path.read_bytes()))
+    return made
+
+
+def test_the_hub_names_a_file_that_is_no_checkpoint(files):
+    """The Python API raises, as a caller expects, with the line the tools print."""
+    from fairseq_feedback.errors import FeedbackUsageError
+    from fairseq_feedback.models import FeedbackLanguageModel
+
+    with pytest.raises(FeedbackUsageError, match=r"zip\.pt is a zip archive of something else than a checkpoint"):
+        FeedbackLanguageModel.from_pretrained(str(files["ZIP"].parent), "zip.pt", data_name_or_path=str(files["LM"]))
+
+
+def test_a_checkpoint_in_torchs_format_from_before_1_6_still_loads(files, tmp_path):
+    """The reader tells torch's older format (a pickle that starts with torch's magic number) from a pickle of
+    anything else."""
+    from fairseq_feedback import checkpoint_files
+    from fairseq_feedback.safe_checkpoints import fairseq_checkpoints_allowed
+
+    legacy = tmp_path / "legacy.pt"
+    with fairseq_checkpoints_allowed():
+        state = torch.load(files["LM_CKPT"])
+        torch.save(state, legacy, _use_new_zipfile_serialization=False)
+    assert checkpoint_files.read(legacy)["model"].keys() == state["model"].keys()
+
+
+def test_a_torchscript_model_is_named_not_handed_to_torch_jit(tmp_path):
+    """torch.load hands a TorchScript archive to torch.jit.load, which builds the module it holds."""
+    from fairseq_feedback import checkpoint_files
+    from fairseq_feedback.errors import FeedbackUsageError
+
+    torch.jit.save(torch.jit.script(torch.nn.Linear(2, 2)), tmp_path / "scripted.pt")
+    with pytest.raises(FeedbackUsageError, match=r"scripted\.pt is a TorchScript model \(torch\.jit\.save\), not a "
+                                                 "checkpoint"):
+        checkpoint_files.read(tmp_path / "scripted.pt")

@@ -398,16 +398,19 @@ def test_wikitext_downloaded(tmp_path, monkeypatch, server):
     args = dirs(tmp_path)
     dest = tmp_path / "data-bin" / "out"
 
-    def preprocess_dies_half_way(cmd, **kwargs):
+    def preprocess_dies_half_way(cmd, stdout, **kwargs):  # as on a full disk
         out = Path(cmd[cmd.index("--destdir") + 1])
         out.mkdir(parents=True, exist_ok=True)
         (out / "train.bin").write_bytes(b"half")
+        stdout.write("Traceback (most recent call last):\n  ...\nOSError: [Errno 28] No space left on device\n")
         return subprocess.CompletedProcess(cmd, 1)
 
     with monkeypatch.context() as m:
         m.setattr(steps.subprocess, "run", preprocess_dies_half_way)
-        assert "fairseq-preprocess failed" in script_error(wiki, *args)
-    assert not dest.exists()
+        log = tmp_path / "work" / "fairseq-preprocess.log"
+        assert script_error(wiki, *args) == ("error: fairseq-preprocess failed with exit status 1: OSError: [Errno 28] "
+                                             f"No space left on device (its whole log: {log})")
+    assert not dest.exists() and "Traceback" in log.read_text()  # on the screen, the one line
     assert (tmp_path / "work" / "downloads" / archive.name).read_bytes() == _Server.payload
 
     # the rerun neither downloads nor extracts again

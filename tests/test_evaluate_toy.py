@@ -72,8 +72,8 @@ def test_bad_predictions_and_arguments_are_one_line(tmp_path):
     assert "--path" in main_error("--task", "random_walk", "--data", tmp_path)
     assert "checkpoint" in main_error("--task", "random_walk", "--data", tmp_path, "--path", tmp_path / "x.pt")
     write(tmp_path / "x.pt", [["not", "a", "checkpoint"]])
-    assert "not a readable fairseq checkpoint" in main_error("--task", "random_walk", "--data", tmp_path,
-                                                             "--path", tmp_path / "x.pt")
+    assert "x.pt is a text file (it begins 'not a checkpoint'), not a checkpoint" in main_error(
+        "--task", "random_walk", "--data", tmp_path, "--path", tmp_path / "x.pt")
 
 
 def test_predictions_get_the_umasks_permissions(tmp_path):

@@ -293,6 +293,10 @@ def test_a_step_that_would_not_fit_is_skipped_for_time_and_said_so(tmp_path):
     assert "passed 1, 3a; skipped or stopped for time: 2 (--minutes 9)" in proc.stdout.splitlines()[-1]
     report = report_of(tmp_path)
     assert report["status"] == "incomplete" and report["steps"][1]["seconds"] is None
+    unlimited = tmp_path / "unlimited"  # --minutes inf was refused as "must be a number above 0, got inf"
+    unlimited.mkdir()
+    proc = check_with([step("1", passes), step("2", passes, estimate=3600)], unlimited, "--minutes", "inf")
+    assert proc.returncode == 0 and "inf minutes" in proc.stdout, proc.stderr
 
 
 def test_a_step_still_running_at_the_deadline_is_stopped(tmp_path):
@@ -351,10 +355,9 @@ def test_a_folder_that_is_not_a_checks_is_never_replaced_and_bad_options_are_one
                                                            "--cuda-graphs emulate"),
             (["--device", "cpu", "--parts", "2,5"], "argument --parts: the parts are 1, 2, 3 and 4, as in 1,2,3,4; "
                                                     "got '2,5' (see --help)"),
-            (["--device", "cpu", "--minutes", "0"], "--minutes must be a number above 0, got 0"),
+            (["--device", "cpu", "--minutes", "0"], "--minutes must be a number above 0 (inf: no limit), got 0"),
             # nan compares false with everything: it skipped every step, or passed every loss
-            (["--device", "cpu", "--minutes", "nan"], "--minutes must be a number above 0, got nan"),
-            (["--device", "cpu", "--minutes", "inf"], "--minutes must be a number above 0, got inf"),
+            (["--device", "cpu", "--minutes", "nan"], "--minutes must be a number above 0 (inf: no limit), got nan"),
             (["--device", "cpu", "--tolerance", "nan"], "--tolerance must be a number, 0 or above, got nan"),
             (["--device", "cpu", "--tolerance", "-0.1"], "--tolerance must be a number, 0 or above, got -0.1")):
         proc = run_module("fairseq_feedback_cli.gpu_check.cli", *args, check=False)

@@ -19,6 +19,7 @@ from helpers import (ENV, LM_MODEL, PLUGIN, TRANSLATION_MODEL, error_lines, last
 
 from fairseq.data import Dictionary
 
+from fairseq_feedback.fairseq_fixes.checkpoints import checkpoint_to_resume
 from fairseq_feedback.fairseq_fixes.one_line import one_line
 from fairseq_feedback.tasks.splits import monolingual_split
 from fairseq_feedback_cli.data_prep.synthetic_translation import write_corpus
@@ -115,35 +116,84 @@ def test_a_killed_save_leaves_every_checkpoint_complete(killed_run):
     assert [updates(killed_run / name) for name in finished] == [3, 6, 3]
 
 
-@pytest.mark.parametrize("last", ["older", "missing"])
-def test_after_a_save_cut_short_training_resumes_from_the_newest_complete_checkpoint(killed_run, translation_data,
-                                                                                      tmp_path, last):
+def set_times_against_the_updates(save_dir):
+    """File times in the reverse order of the updates the checkpoints record: what a copy (cp -r), a backup or
+    a sync can leave, which sets the times in its own order."""
+    checkpoints = [name for name in os.listdir(save_dir) if name.endswith(".pt")]
+    for i, name in enumerate(sorted(checkpoints, key=lambda name: -updates(save_dir / name))):
+        os.utime(save_dir / name, (1_700_000_000 + i, 1_700_000_000 + i))
+
+
+@pytest.mark.parametrize("last", ["behind", "missing"])
+def test_after_a_save_cut_short_training_resumes_from_the_furthest_complete_checkpoint(killed_run, translation_data,
+                                                                                        tmp_path, last):
     """The kill left checkpoint_last.pt at update 3 beside a complete copy of update 6; a disk that filled
     during a save left checkpoint_best.pt complete and checkpoint_last.pt missing, and the next run trained
-    from scratch over checkpoint_best.pt. A run resumes from the newest complete checkpoint, and says so."""
+    from scratch over checkpoint_best.pt. A run resumes from the complete checkpoint of the same run that
+    records the most updates, whatever the files' times, and says so."""
     shutil.copytree(killed_run, tmp_path, dirs_exist_ok=True)
+    set_times_against_the_updates(tmp_path)
     if last == "missing":
         (tmp_path / "checkpoint_last.pt").unlink()
     proc = run("train", translation_data, *TRANSLATION, "--max-update", 8, "--save-dir", tmp_path)
-    warnings = [line for line in proc.stdout.splitlines() if "the newest complete checkpoint" in line]
-    assert len(warnings) == 1 and (f"{tmp_path / 'checkpoint_last.pt'} is {last} " in warnings[0]), proc.stdout
-    assert warnings[0].endswith(f"resuming from {tmp_path / 'checkpoint_1_6.pt'}, the newest complete checkpoint of "
-                                "this run; to start over, pass another --save-dir")
+    warnings = [line for line in proc.stdout.splitlines() if "the furthest complete checkpoint" in line]
+    why = {"behind": "records 3 updates, and checkpoint_1_6.pt, a later save of the same run, 6 (a save was cut "
+                     "short)", "missing": "is missing (a save was cut short, or it was deleted)"}[last]
+    assert len(warnings) == 1 and f"{tmp_path / 'checkpoint_last.pt'} {why}: " in warnings[0], proc.stdout
+    assert warnings[0].endswith(f"resuming from {tmp_path / 'checkpoint_1_6.pt'} (6 updates), the furthest complete "
+                                "checkpoint of this run; to start over, pass another --save-dir")
     assert "@ 6 updates" in proc.stdout and last_number(r"num_updates (\d+)", proc.stdout) == 8
 
 
-def test_a_truncated_checkpoint_last_is_passed_over_for_the_newest_complete_one(killed_run, translation_data,
-                                                                                   tmp_path):
+def test_a_truncated_checkpoint_last_is_passed_over_for_the_furthest_complete_one(killed_run, translation_data,
+                                                                                     tmp_path):
     shutil.copytree(killed_run, tmp_path, dirs_exist_ok=True)
+    set_times_against_the_updates(tmp_path)  # checkpoint_1_3.pt the newest file
     last = tmp_path / "checkpoint_last.pt"
     last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])
     proc = run("train", translation_data, *TRANSLATION, "--max-update", 8, "--save-dir", tmp_path)
     warnings = [line for line in proc.stdout.splitlines() if "is truncated" in line]  # fairseq-train logs to stdout
     assert len(warnings) == 1, proc.stdout[-3000:]
-    assert f"{last} is truncated (a save was cut short): resuming from {tmp_path / 'checkpoint_1_6.pt'}" \
+    assert f"{last} is truncated (a save was cut short): resuming from {tmp_path / 'checkpoint_1_6.pt'} (6 updates)" \
            in warnings[0]
     assert "@ 6 updates" in proc.stdout and last_number(r"num_updates (\d+)", proc.stdout) == 8
     assert updates(last) == 8
+
+
+def test_a_save_dir_copied_with_cp_r_resumes_from_checkpoint_last(killed_run, translation_data, tmp_path):
+    """A finished run's folder, copied with cp -r (new times, in copy order): a checkpoint_best.pt of update 3
+    came out newer than checkpoint_last.pt of update 6, and the run resumed from update 3 with a warning, then
+    wrote over checkpoint_last.pt. It resumes from checkpoint_last.pt, without a word, as fairseq does."""
+    finished = tmp_path / "finished"
+    shutil.copytree(killed_run, finished)
+    shutil.copyfile(finished / "checkpoint_1_6.pt", finished / "checkpoint_last.pt")
+    shutil.copyfile(finished / "checkpoint_1_3.pt", finished / "checkpoint_best.pt")
+    subprocess.run(["cp", "-r", finished, tmp_path / "copy"], check=True)
+    set_times_against_the_updates(tmp_path / "copy")
+    proc = run("train", translation_data, *TRANSLATION, "--max-update", 8, "--save-dir", tmp_path / "copy")
+    assert "resuming from" not in proc.stdout + proc.stderr
+    assert "checkpoint_last.pt (epoch 1 @ 6 updates)" in proc.stdout, proc.stdout[-3000:]
+    assert updates(tmp_path / "copy" / "checkpoint_last.pt") == 8
+
+
+def saved(path, lineage):
+    """A checkpoint of the updates `lineage` (fairseq's optimizer history: the save each earlier run
+    resumed from, then this one) and no parameters."""
+    torch.save({"model": {}, "optimizer_history": [{"num_updates": n} for n in lineage]}, path)
+
+
+def test_a_run_abandoned_for_an_earlier_checkpoint_is_not_resumed_however_far_it_went(tmp_path):
+    """A run that went to update 40, restarted with --restore-file from its update 20 and saved update 30: the
+    files of the abandoned run record more updates, and are no part of the run checkpoint_last.pt continues."""
+    saved(tmp_path / "checkpoint_1_20.pt", [20])
+    saved(tmp_path / "checkpoint_1_40.pt", [40])
+    saved(tmp_path / "checkpoint_1_30.pt", [20, 30])
+    saved(tmp_path / "checkpoint_last.pt", [20, 30])
+    assert checkpoint_to_resume(str(tmp_path)) == (str(tmp_path / "checkpoint_last.pt"), None)
+    saved(tmp_path / "checkpoint_1_35.pt", [20, 35])  # the restarted run's next save, its copy cut short
+    assert checkpoint_to_resume(str(tmp_path)).path == str(tmp_path / "checkpoint_1_35.pt")
+    (tmp_path / "checkpoint_last.pt").unlink()  # which run's, no file says: the most updates
+    assert checkpoint_to_resume(str(tmp_path)).path == str(tmp_path / "checkpoint_1_40.pt")
 
 
 def test_a_truncated_checkpoint_last_alone_is_one_line(killed_run, translation_data, tmp_path):
@@ -264,10 +314,22 @@ def test_an_interrupted_run_is_one_line_and_leaves_what_was_finished_as_it_was(k
     proc = subprocess.run([sys.executable, "-c", INTERRUPTED_AT, where, sig, "2", tool, *map(str, args), "--user-dir",
                            PLUGIN], env=ENV, capture_output=True, text=True)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr + proc.stdout, proc.stderr[-3000:]
-    assert error_lines(proc) == ["error: interrupted: what the run had finished is kept, and nothing it left looks "
-                                 "finished (fairseq-train resumes from its newest complete checkpoint when run again)"]
+    assert error_lines(proc) == [{
+        "train": "error: interrupted: what the run had finished is kept, and nothing it left looks finished "
+                 "(fairseq-train resumes from its newest complete checkpoint when run again)",
+        "generate": "error: interrupted: fairseq-generate stopped before it finished, and nothing it left looks "
+                    "finished (a --results-path keeps the results it held); rerun the same command, which starts "
+                    "over"}[tool]]
     folder = tmp_path / "run" if tool == "train" else results
     assert {name: (folder / name).read_bytes() for name in os.listdir(folder)} == before  # nothing else, no .tmp
+
+
+@pytest.mark.parametrize("tool", ["fairseq-eval-lm", "fairseq-generate", "fairseq-interactive", "fairseq-validate"])
+def test_ctrl_c_in_a_tool_that_trains_nothing_speaks_of_that_tool(monkeypatch, tool):
+    """fairseq-generate's and fairseq-eval-lm's one line spoke of fairseq-train resuming."""
+    monkeypatch.setattr(sys, "argv", [f"/venv/bin/{tool}", "data-bin"])
+    line = one_line(KeyboardInterrupt())
+    assert line.startswith(f"interrupted: {tool} stopped before it finished") and "fairseq-train" not in line
 
 
 @pytest.mark.parametrize("what", ["a link to nothing", "a file"])

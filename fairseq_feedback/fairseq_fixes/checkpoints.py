@@ -7,39 +7,40 @@ checkpoint_last.pt, on which the next fairseq-train fails although complete
 copies lie beside it. Here every write and copy goes to a temporary name in
 the same folder and is renamed into place, and one the system refuses (a full
 disk) is removed and named in one line; and a run whose checkpoint_last.pt is
-missing, truncated (by a copy of an older fairseq, say) or older than a
-complete checkpoint beside it says so and resumes from the newest complete
-checkpoint, never from scratch. A checkpoint named on the command line
-(--path, --restore-file) that is cut short is named in one line instead of
-torch's traceback (check_complete), and so is one that weights-only loading
-refuses (safe_checkpoints.refusal): fairseq reads every checkpoint through
-load_checkpoint_to_cpu, which patches.py wraps in loaded_in_one_line. What a
-checkpoint was trained with (its options) is read without its tensors
-(recorded_configuration), for command_line.py to compare with a command line.
+missing, truncated (by a copy of an older fairseq, say) or behind a complete
+save of the same run beside it says so and resumes from the furthest complete
+checkpoint, by what the checkpoints record (checkpoint_to_resume), never from
+scratch. A file that is not a checkpoint, named on the command line (--path,
+--restore-file) or among the checkpoints of --save-dir, is named in one line
+instead of torch's traceback (fairseq_feedback/checkpoint_files.py): fairseq
+reads every checkpoint through load_checkpoint_to_cpu, which patches.py wraps
+in loaded_in_one_line. What a checkpoint was trained with (its options) is
+read without its tensors (recorded_configuration), for command_line.py to
+compare with a command line.
 
 "Complete" means torch.save's zip archive has its central directory, which
-is written last: a file cut short at any point lacks it. Nothing is
-unpickled to find out, so checkpoints are still loaded only by fairseq,
-with the allowlist of fairseq_feedback/safe_checkpoints.py.
+is written last: a file cut short at any point lacks it.
 """
 
+import collections
 import contextlib
 import copy
+import dataclasses
 import functools
 import logging
 import os
 import re
 import shutil
 import types
-import zipfile
 from argparse import Namespace
+from typing import Optional
 
 import torch
 from fairseq.file_io import PathManager
 from omegaconf import open_dict
 
+from .. import checkpoint_files
 from ..errors import PATH_FIXES, FeedbackUsageError, refused_write
-from ..safe_checkpoints import fairseq_checkpoints_allowed, refusal
 
 logger = logging.getLogger(__name__)
 
@@ -93,52 +94,20 @@ def written_whole(path: str):
                                  "same command then resumes from the newest complete checkpoint") from e
 
 
-def is_complete(path: str) -> bool:
-    try:
-        with zipfile.ZipFile(path):
-            return True
-    except (zipfile.BadZipFile, OSError):
-        return False
-
-
-def check_complete(path: str) -> None:
-    """One line naming a checkpoint file torch.load would fail on with a
-    traceback: cut short (or empty), or not a checkpoint at all. A missing
-    file is left to the caller, and a file in torch's format from before
-    1.6 (a pickle, not a zip) to torch."""
-    if not os.path.isfile(path) or is_complete(path):
-        return
-    with open(path, "rb") as f:
-        start = f.read(4)
-    if start[:1] == b"\x80":  # pickle's first byte: torch's legacy format
-        return
-    if b"PK\x03\x04".startswith(start):  # a zip archive's first bytes, or none: cut short
-        raise FeedbackUsageError(f"{path} is truncated (its save or copy was cut short) and cannot be loaded: "
-                                 "use a complete checkpoint")
-    raise FeedbackUsageError(f"{path} is not a checkpoint (not a file torch.save wrote): check the path")
-
-
-@contextlib.contextmanager
-def refused_in_one_line(path: str):
-    """A checkpoint that weights-only loading refuses ends in one line."""
-    try:
-        yield
-    except Exception as e:
-        line = refusal(path, e)
-        if line is None:
-            raise
-        raise FeedbackUsageError(line) from None
-
-
 def loaded_in_one_line(load_checkpoint_to_cpu):
-    """fairseq's load_checkpoint_to_cpu, naming in one line a checkpoint it
-    cannot load: cut short, not a checkpoint, or refused."""
+    """fairseq's load_checkpoint_to_cpu, naming in one line a file it cannot
+    load as a checkpoint (checkpoint_files.read, which reads it without its
+    tensors first): cut short, refused, or not a checkpoint at all."""
 
     @functools.wraps(load_checkpoint_to_cpu)
     def load(path, *args, **kwargs):
-        check_complete(path)
-        with refused_in_one_line(path):
+        if os.path.exists(path):  # a folder too: named
+            checkpoint_files.read(path)
+        try:
             return load_checkpoint_to_cpu(path, *args, **kwargs)
+        except Exception as e:
+            checkpoint_files.check_loaded(path, e)
+            raise
 
     return load
 
@@ -148,14 +117,7 @@ def recorded_configuration(path: str):
     .task (each a dict, or fairseq's argparse Namespace of every option), and
     the names of all it records (.names), read without loading its tensors;
     None for a checkpoint that records none."""
-    check_complete(path)
-    with refused_in_one_line(path), fairseq_checkpoints_allowed():
-        # mmap: the tensors stay on disk; torch's format from before 1.6 cannot be mapped
-        state = torch.load(path, map_location="cpu", mmap=is_complete(path), weights_only=True)
-    if not isinstance(state, dict) or "model" not in state:  # fairseq's loaders fail on a KeyError
-        raise FeedbackUsageError(f"{path} holds no model's parameters, so it is not a checkpoint that fairseq-train "
-                                 "wrote: check the path")
-    return configuration(state)
+    return configuration(checkpoint_files.read(path))
 
 
 def configuration(state: dict):
@@ -177,56 +139,105 @@ def _option_names(section) -> set:
     return set(section) if hasattr(section, "keys") else set()
 
 
-def checkpoint_to_resume(save_dir: str, suffix: str = ""):
-    """The checkpoint a run into `save_dir` resumes from: the complete one
-    fairseq-train wrote last there, checkpoint_last.pt or another; None when
-    it holds none of fairseq's checkpoints. A save cut short (a full disk, a
-    kill) can leave checkpoint_last.pt missing, truncated or older than a
-    complete copy beside it, and a run that started over would overwrite
-    that work; one that holds checkpoints but none complete is refused.
+# the names fairseq-train gives the checkpoints of --save-dir: an averaged checkpoint (another name) is never trained on
+CHECKPOINT_NAMES = r"checkpoint(_last|_best|\d+|_\d+_\d+|\.best_.+)"
 
-    Newest by modification time rather than by update number: not every name
-    carries the update number (checkpoint_best.pt, checkpointN.pt), and after a
-    run restarted from an earlier checkpoint, files of the abandoned run can
-    carry higher numbers than what the current run last wrote. Only fairseq's
-    own names count, so that an averaged checkpoint is never trained on.
+
+@dataclasses.dataclass(frozen=True)
+class Progress:
+    """How far training had gone at a save, as the checkpoint records it."""
+
+    updates: int
+    epoch: int
+    iterations_in_epoch: int
+    # the updates of the save that each run before it resumed from, then its own (fairseq's optimizer history:
+    # a resumed run appends its saves to the history it loaded)
+    lineage: tuple
+
+    def continues(self, earlier: "Progress") -> bool:
+        """Whether this save came at or after `earlier` in its run, or in a run resumed from it or from a later
+        save of its run: not in a run abandoned for an earlier checkpoint, whatever updates it records."""
+        i = len(earlier.lineage) - 1  # the run of `earlier`, after the saves it resumed from
+        return (len(self.lineage) > i and self.lineage[:i] == earlier.lineage[:i]
+                and self.lineage[i] >= earlier.lineage[i])
+
+
+def progress(path: str) -> Progress:
+    state = checkpoint_files.read(path)
+    lineage = tuple(entry.get("num_updates", 0) for entry in state.get("optimizer_history") or [{}])
+    iterator = (state.get("extra_state") or {}).get("train_iterator") or {}
+    return Progress(lineage[-1], iterator.get("epoch", 0), iterator.get("iterations_in_epoch", 0), lineage)
+
+
+Resumed = collections.namedtuple("Resumed", "path why")
+
+
+def checkpoint_to_resume(save_dir: str, suffix: str = "") -> Optional[Resumed]:
+    """The checkpoint a run into `save_dir` resumes from (.path), and why, where
+    it is not checkpoint_last.pt (.why); None when the folder holds none of
+    fairseq's checkpoints.
+
+    Chosen by what the complete checkpoints record, never by their files'
+    times, which a copy (cp -r), a backup or a sync sets in their own order:
+    checkpoint_last.pt, unless a save of the same run that came after it
+    records more updates (the copy to checkpoint_last.pt was cut short: a
+    kill, a full disk); where checkpoint_last.pt is missing or truncated, the
+    complete checkpoint that records the most updates (then the furthest
+    epoch, and position in it). A run that started over would overwrite that
+    work; a folder that holds checkpoints but none complete is refused. A file
+    of a checkpoint's name that is not one is named in one line.
     """
     if not os.path.isdir(save_dir):
         return None
-    names = re.compile(r"checkpoint(_last|_best|\d+|_\d+_\d+|\.best_.+)" + re.escape(suffix) + r"\.pt")
-    paths = [os.path.join(save_dir, name) for name in os.listdir(save_dir) if names.fullmatch(name)]
-    for path in sorted(paths, key=lambda p: (os.stat(p).st_mtime_ns, p), reverse=True):
-        if is_complete(path):
-            return path
-    if paths:
-        found = ", ".join(sorted(os.path.basename(path) for path in paths))
-        raise FeedbackUsageError(f"{save_dir} holds checkpoints of an earlier run ({found[:200]}), none of them "
-                                 "complete (their saves were cut short), to resume from: to start over, delete them "
-                                 "or pass another --save-dir")
-    return None
+    names = re.compile(CHECKPOINT_NAMES + re.escape(suffix) + r"\.pt")
+    paths = sorted(os.path.join(save_dir, name) for name in os.listdir(save_dir) if names.fullmatch(name))
+    for path in paths:
+        if not checkpoint_files.is_cut_short(path):
+            checkpoint_files.check_file(path)  # no checkpoint at all, in a checkpoint's name: named
+    complete = {path: progress(path) for path in paths if checkpoint_files.is_complete(path)}
+    if not complete:
+        if paths:
+            found = ", ".join(os.path.basename(path) for path in paths)
+            raise FeedbackUsageError(f"{save_dir} holds checkpoints of an earlier run ({found[:200]}), none of them "
+                                     "complete (their saves were cut short), to resume from: to start over, delete "
+                                     "them or pass another --save-dir")
+        return None
+    last = os.path.join(save_dir, f"checkpoint_last{suffix}.pt")
+    if last in complete:
+        complete = {path: saved for path, saved in complete.items() if saved.continues(complete[last])}
+
+    def furthest(path):
+        saved = complete[path]
+        return saved.updates, saved.epoch, saved.iterations_in_epoch, path == last
+
+    path = max(complete, key=furthest)
+    if path == last:
+        return Resumed(path, None)
+    updates = complete[path].updates
+    why = (f"records {complete[last].updates} updates, and {os.path.basename(path)}, a later save of the same run, "
+           f"{updates} (a save was cut short)" if last in complete
+           else "is truncated (a save was cut short)" if os.path.exists(last)
+           else "is missing (a save was cut short, or it was deleted)")
+    return Resumed(path, f"{last} {why}: resuming from {path} ({updates} updates), the furthest complete checkpoint "
+                         "of this run; to start over, pass another --save-dir")
 
 
 def resume_from_a_complete_checkpoint(load_checkpoint):
     """Wraps fairseq's checkpoint_utils.load_checkpoint (what fairseq-train
-    resumes with): a run into a --save-dir resumes from its newest complete
-    checkpoint (checkpoint_to_resume) where checkpoint_last.pt is missing,
-    truncated or older, with a warning naming both and how to start over."""
+    resumes with): a run into a --save-dir resumes from the checkpoint that
+    checkpoint_to_resume chooses, with a warning saying why where it is not
+    checkpoint_last.pt."""
 
     def load(cfg, trainer, **kwargs):
         suffix = trainer.checkpoint_suffix
-        last = os.path.join(cfg.save_dir, f"checkpoint_last{suffix}.pt")
         resumed = checkpoint_to_resume(cfg.save_dir, suffix) if cfg.restore_file == "checkpoint_last.pt" else None
-        if resumed is not None and resumed != last:
-            why = ("is truncated (a save was cut short)" if os.path.exists(last) and not is_complete(last)
-                   else "is older (a save was cut short)" if os.path.exists(last) else "is missing (a save was cut "
-                                                                                      "short, or it was deleted)")
-            logger.warning(f"{last} {why}: resuming from {resumed}, the newest complete checkpoint of this run; to "
-                           "start over, pass another --save-dir")
+        if resumed is not None and resumed.why is not None:
+            logger.warning(resumed.why)
             cfg = copy.deepcopy(cfg)
             with open_dict(cfg):
                 # fairseq appends the suffix itself; with checkpoint_last.pt present,
                 # it would have ignored --finetune-from-model as well
-                cfg.restore_file = resumed[: -len(f"{suffix}.pt")] + ".pt"
+                cfg.restore_file = resumed.path[: -len(f"{suffix}.pt")] + ".pt"
                 cfg.finetune_from_model = None
         return load_checkpoint(cfg, trainer, **kwargs)
 

@@ -64,6 +64,7 @@ from ..tasks.adaptive_span_loss import AdaptiveSpanLossMixin
 from ..tasks.feedback_language_modeling import check_block
 from ..tasks.splits import labels_dictionary, monolingual_split
 from .checkpoints import checkpoint_to_resume, recorded_configuration
+from .model_overrides import check_overridden_model
 
 
 def check_tool(cfg, tool: str) -> None:
@@ -87,6 +88,7 @@ def _check(cfg, model, reads, tool) -> None:
         check_streams(cfg)
         check_labels(cfg, training=model is not None)
     check_fairseq_options(cfg)
+    check_shards(cfg, tool)
     check_precision(cfg, training=model is not None)
     if model is not None:
         check_model_options(cfg.model, model)
@@ -302,6 +304,16 @@ def check_fairseq_options(cfg) -> None:
         raise FeedbackUsageError(f"--nbest {generation.nbest} is more than --beam {generation.beam}: a search keeps "
                                  "--beam hypotheses; raise --beam, or lower --nbest")
     check_spawned_ranks(cfg)
+
+
+def check_shards(cfg, tool) -> None:
+    """--num-shards and --shard-id shard the split of fairseq-eval-lm and fairseq-generate (patches.py);
+    the other tools took them without a word and read their data whole."""
+    dataset = cfg.get("dataset")
+    if tool not in ("eval_lm", "generate") and dataset is not None and dataset.num_shards > 1:
+        raise FeedbackUsageError(f"fairseq-{tool.replace('_', '-')} reads its data whole, not by --num-shards: those "
+                                 "shard the split of fairseq-generate and fairseq-eval-lm; drop --num-shards and "
+                                 "--shard-id")
 
 
 def check_structured_options(cfg) -> None:
@@ -553,7 +565,7 @@ def check_checkpoints(cfg, model, tool) -> None:
     batches to make."""
     path = cfg.get("common_eval", {}).get("path")
     for checkpoint in utils.split_paths(path) if path else []:
-        if not os.path.isfile(checkpoint):
+        if not os.path.exists(checkpoint):  # a folder: named by checkpoint_files
             raise FeedbackUsageError(f"checkpoint {checkpoint} not found: check --path")
         check_read_as_trained(cfg, checkpoint, tool)
     if model is not None:
@@ -566,7 +578,7 @@ def check_checkpoints(cfg, model, tool) -> None:
 
 def continued_checkpoint(cfg):
     """(path, how it was named) of the checkpoint fairseq-train will continue
-    from, or None: the newest complete checkpoint in --save-dir
+    from, or None: the one --save-dir resumes from
     (checkpoints.py), else --restore-file when named (which fairseq-train
     silently replaces by a fresh model when it does not exist), else
     --finetune-from-model."""
@@ -579,12 +591,12 @@ def continued_checkpoint(cfg):
     else:
         resumed = checkpoint_to_resume(checkpoint.save_dir, suffix)
         if resumed is not None:
-            return resumed, "--save-dir"
+            return resumed.path, "--save-dir"
         named = ("--finetune-from-model", checkpoint.finetune_from_model)
     option, path = named
     if path is None:
         return None
-    if not os.path.isfile(path):
+    if not os.path.exists(path):
         raise FeedbackUsageError(f"{option} {path} not found: check the path")
     return path, option
 
@@ -676,9 +688,8 @@ def check_read_as_trained(cfg, checkpoint, tool) -> None:
 
 def check_overrides(cfg, recorded, checkpoint) -> None:
     """--model-overrides names options the checkpoint records (fairseq ignores any other), at values
-    they can take, and changes no more of its model than training may when it continues (MAY_CHANGE):
-    fairseq would build another model and fail to load the parameters into it, or load them into a
-    model that computes something else."""
+    they can take; what it changes of the model beyond what training may change when it continues
+    (MAY_CHANGE) keeps the parameters' shapes, and is said (model_overrides.py)."""
     overrides = model_overrides(_option(cfg.get("common_eval") or {}, "model_overrides", None)) or {}
     unknown = sorted(set(overrides) - recorded.names)
     if unknown:
@@ -689,11 +700,7 @@ def check_overrides(cfg, recorded, checkpoint) -> None:
                if name not in MAY_CHANGE]
     changed = [(name, was, now) for name, was, now in changed if was is not _MISSING and not _same(was, now)]
     if changed:
-        was = ", ".join(f"{name} {value}" for name, value, _ in changed)
-        now = ", ".join(f"{name} {value}" for name, _, value in changed)
-        raise FeedbackUsageError(f"--model-overrides changes the model {checkpoint} holds (trained with {was}; asked "
-                                 f"for {now}): drop those; what may change is what training may change when it "
-                                 "continues (the dropouts, --cuda-graphs, the positions)")
+        check_overridden_model(checkpoint, recorded, utils.split_paths(cfg.task.data)[0], changed)
 
 
 def check_direction(cfg, recorded, checkpoint) -> None:

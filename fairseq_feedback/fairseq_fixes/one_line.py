@@ -46,8 +46,7 @@ def one_line(exc: BaseException):
     if os.environ.get(TRACEBACK):
         return None
     if isinstance(exc, KeyboardInterrupt):  # Ctrl-C, or a kill (runs.py), wherever it landed
-        return ("interrupted: what the run had finished is kept, and nothing it left looks finished "
-                "(fairseq-train resumes from its newest complete checkpoint when run again)")
+        return _interrupted(_tool())
     if not isinstance(exc, Exception):  # an exit: as Python shows it
         return None
     raised = origin.raised(exc)
@@ -59,6 +58,24 @@ def one_line(exc: BaseException):
         if line is not None:
             return line
     return _in_fairseqs_words(raised)
+
+
+def _interrupted(tool: str) -> str:
+    if tool == "fairseq-train":
+        return ("interrupted: what the run had finished is kept, and nothing it left looks finished "
+                "(fairseq-train resumes from its newest complete checkpoint when run again)")
+    return (f"interrupted: {tool or 'the tool'} stopped before it finished, and nothing it left looks finished (a "
+            "--results-path keeps the results it held); rerun the same command, which starts over")
+
+
+def _tool() -> str:
+    """The fairseq tool this process runs, as its command is named (fairseq-train): run by `python -m`, or
+    as a console script."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None and spec.name.startswith("fairseq_cli."):
+        return "fairseq-" + spec.name.rsplit(".", 1)[-1].replace("_", "-")
+    name = os.path.basename(sys.argv[0]) if sys.argv else ""
+    return name if name.startswith("fairseq-") else ""
 
 
 def _named_mistake(exc: Exception):

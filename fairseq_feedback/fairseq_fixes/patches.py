@@ -25,8 +25,8 @@ everywhere, since fairseq's data classes fail without it in any program:
 - checkpoints are copied in place, so an interrupted save can leave a
   truncated checkpoint_last.pt that the next run cannot resume from
   (fairseq issue 2684): copies go through a temporary name, and a truncated
-  checkpoint_last.pt is passed over for the newest complete checkpoint
-  (checkpoints.py).
+  checkpoint_last.pt is passed over for the furthest complete checkpoint
+  of the same run, by what the checkpoints record (checkpoints.py).
 - torch >= 2.6 loads with weights_only=True and fairseq passes nothing, so
   its checkpoints do not load (fairseq issues 5603, 5610): exactly the
   classes fairseq stores are allowed (fairseq_feedback/safe_checkpoints.py).
@@ -44,6 +44,10 @@ everywhere, since fairseq's data classes fail without it in any program:
   check off (checkpoints.py). What a run that failed created holds nothing
   half-written: fairseq-generate's results file goes, and a --save-dir the
   run created goes with fairseq's crash.pt unless it holds checkpoints.
+- fairseq-generate shards its split by its ranks alone, so --num-shards
+  and --shard-id were ignored on one device: every shard translated the
+  whole split (no fairseq issue names it; fairseq-eval-lm shards by
+  either): it shards by them.
 - fairseq prefetches batches in a daemon thread (BufferedIterator's
   BackgroundConsumer); one still making a batch when the tool ends is
   stopped by CPython inside a call to torch, which aborts the process
@@ -58,6 +62,7 @@ everywhere, since fairseq's data classes fail without it in any program:
 
 import atexit
 import contextlib
+import copy
 import functools
 import logging
 import os
@@ -75,6 +80,7 @@ from fairseq.data import data_utils, iterators, language_pair_dataset, token_blo
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.distributed import utils as distributed_utils
 from fairseq.logging import progress_bar
+from omegaconf import open_dict
 
 from ..safe_checkpoints import allow_fairseq_checkpoints
 from .checkpoints import AtomicCopyPathManager, loaded_in_one_line, resume_from_a_complete_checkpoint, saved_whole
@@ -270,6 +276,7 @@ def _generate_checked_first(main):
         if isinstance(cfg, Namespace):
             cfg = convert_namespace_to_omegaconf(cfg)
         check_generate(cfg)
+        cfg = sharded_as_asked(cfg)
         folder = cfg.common_eval.results_path
         if folder is None:
             with sigterm_as_ctrl_c():
@@ -279,6 +286,23 @@ def _generate_checked_first(main):
             return main(staged)
 
     return checked
+
+
+def sharded_as_asked(cfg):
+    """fairseq-generate's configuration, sharding its split by --num-shards and
+    --shard-id: fairseq-generate shards by its ranks alone (a run on one
+    device has one), so a run given --shard-id 1 of 2 translated the whole
+    split, as every other shard did, and without a word (fairseq-eval-lm
+    shards by either). Its main starts no ranks: the ranks it reads are only
+    its shard."""
+    dataset, distributed = cfg.dataset, cfg.distributed_training
+    if dataset.num_shards == 1 or distributed.distributed_world_size > 1:
+        return cfg
+    cfg = copy.deepcopy(cfg)
+    with open_dict(cfg):
+        cfg.distributed_training.distributed_world_size = dataset.num_shards
+        cfg.distributed_training.distributed_rank = dataset.shard_id
+    return cfg
 
 
 @contextlib.contextmanager

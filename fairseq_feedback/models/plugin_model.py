@@ -9,6 +9,7 @@ from typing import Optional
 from fairseq.models import ARCH_MODEL_REGISTRY
 from fairseq.tasks.language_modeling import LanguageModelingTask
 
+from .. import checkpoint_files
 from ..cuda_graphs import GraphStatistics
 from ..errors import FeedbackUsageError
 from ..safe_checkpoints import fairseq_checkpoints_allowed, refusal
@@ -38,6 +39,9 @@ class PluginModel:
         program of one's own that imports the plugin is otherwise left as it was.
         A checkpoint that rule refuses is named without torch's advice to load
         it with weights_only=False, which would run the code it carries."""
+        for name in checkpoint_file.split(os.pathsep):  # a file that is no checkpoint: FeedbackUsageError
+            if os.path.exists(os.path.join(model_name_or_path, name)):
+                checkpoint_files.read(os.path.join(model_name_or_path, name))
         with fairseq_checkpoints_allowed():
             try:
                 return super().from_pretrained(model_name_or_path, checkpoint_file, *args, **kwargs)

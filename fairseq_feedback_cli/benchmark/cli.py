@@ -38,7 +38,8 @@ import sys
 import torch
 
 from ..command_line import ArgumentParser, check_at_least, command, fail
-from ..outputs import atomic_file
+from ..machine import CORES, SEEDS, check_within, cores
+from ..outputs import atomic_file, check_destination
 from ..sizes import PRESETS
 from .breakdown import BREAKDOWN_ROWS, breakdown
 from .measure import NotFinite
@@ -89,7 +90,10 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         fail("--device cuda: no GPU is visible to torch")
-    check_at_least(args, threads=1, first_batches=0)
+    check_at_least(args, first_batches=0)
+    check_within(args, threads=(1, cores(), CORES), seed=SEEDS)  # 100000 threads: a segmentation fault
+    if args.json:
+        check_destination(args.json, "--json")  # before the work, not once the tables are ready
     if args.threads:
         torch.set_num_threads(args.threads)
     device, dtype = torch.device(args.device), DTYPES[args.dtype]

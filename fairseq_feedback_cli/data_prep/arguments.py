@@ -2,12 +2,12 @@
 how many processes to use; the progress log; an interruption (Ctrl-C or SIGTERM) as one line."""
 
 import argparse
-import multiprocessing
 import sys
 from pathlib import Path
 from typing import Callable
 
-from fairseq_feedback_cli.command_line import ArgumentParser, check_at_least, command, fail, stop_on_sigterm
+from fairseq_feedback_cli.command_line import ArgumentParser, command, fail, stop_on_sigterm
+from fairseq_feedback_cli.machine import CORES, check_within, cores
 from fairseq_feedback_cli.outputs import check_destination
 
 
@@ -28,7 +28,7 @@ def make_parser(name: str, description: str) -> argparse.ArgumentParser:
                    help="binarized output for fairseq-train (default: %(default)s)")
     p.add_argument("--work", type=Path, help="intermediate files (default: data-raw/<dest name>, "
                    "beside the dest's parent folder)")
-    p.add_argument("--workers", type=int, default=max(1, min(8, multiprocessing.cpu_count())),
+    p.add_argument("--workers", type=int, default=min(8, cores()),
                    help="processes for tokenization, BPE and fairseq-preprocess (default: %(default)s)")
     return p
 
@@ -42,6 +42,6 @@ def resolve_dirs(args: argparse.Namespace) -> None:
         args.raw = args.raw.resolve()
         if not args.raw.is_dir():
             fail(f"--raw {args.raw} is not a folder")
-    check_at_least(args, workers=1)
-    check_destination(args.dest, "--dest")
-    check_destination(args.work, "--work")
+    check_within(args, workers=(1, cores(), CORES))  # as many processes: 100000 would exhaust the machine
+    check_destination(args.dest, "--dest", folder=True)
+    check_destination(args.work, "--work", folder=True)

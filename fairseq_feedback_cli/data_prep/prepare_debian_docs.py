@@ -209,7 +209,7 @@ def main(argv=None) -> None:
     binarize(args.dest, settings,
              ["--only-source", "--trainpref", str(bpe / "train.txt"), "--validpref", str(bpe / "valid.txt"),
               "--testpref", str(bpe / "test.txt")],
-             args.workers, extra_files=[bpe / "code", text / "counts.json"])
+             args.workers, extra_files=[bpe / "code", text / "counts.json"], work=args.work)
     report(counts)
 
 

@@ -40,7 +40,7 @@ def main(argv=None) -> None:
     binarize(args.dest, settings,
              ["--only-source", "--trainpref", str(files[FILES["train"]]),
               "--validpref", str(files[FILES["valid"]]), "--testpref", str(files[FILES["test"]])],
-             args.workers)
+             args.workers, work=args.work)
     log_counts(NAME, "lines", {split: count_lines(files[f]) for split, f in FILES.items()})
     # fairseq's count: every word and one end of line per line, as fairseq-eval-lm reports it
     log_counts(NAME, "tokens", {split: sum(len(line.split()) + 1 for line in read_lines(files[f]))

@@ -1,7 +1,8 @@
 """Done markers: every step builds into `<path>.tmp` and is renamed into place with a marker
 naming what it was made from, so an interrupted run never leaves anything that looks finished, a
 rerun resumes at the first unfinished step, and a change anywhere upstream rebuilds what follows.
-The last step, fairseq-preprocess, stamps the dest with the settings it was made from."""
+The last step, fairseq-preprocess, reads only text checked first, and stamps the dest with the
+settings it was made from."""
 
 import hashlib
 import json
@@ -16,6 +17,7 @@ from fairseq_feedback_cli.command_line import fail
 from fairseq_feedback_cli.outputs import atomic_folder
 
 from .arguments import log
+from .text import check_text
 
 DONE = ".done"
 SETTINGS_FILE = "data_prep.json"
@@ -95,20 +97,54 @@ def dest_is_done(dest: Path, settings: dict) -> bool:
 
 
 def binarize(dest: Path, settings: dict, preprocess_args: List[str], workers: int,
-             extra_files: Sequence[Path] = (), check: Optional[Callable[[Path], None]] = None) -> None:
+             extra_files: Sequence[Path] = (), check: Optional[Callable[[Path], None]] = None,
+             work: Optional[Path] = None) -> None:
     """Run fairseq-preprocess into a folder that becomes dest when complete
-    (and, given `check`, when check(folder) found what it made right)."""
+    (and, given `check`, when check(folder) found what it made right). What
+    it reads is checked first (text.check_text), in one line naming the file
+    and the line; its log goes to WORK/fairseq-preprocess.log (`work`: by
+    default the folder of what it reads), not to the screen, and where it
+    still fails (a full disk) its last words make the one line."""
+    inputs = preprocess_inputs(preprocess_args)
+    for path in inputs:
+        check_text(path, "check the raw files it is made from")
+    log_path = (work or inputs[0].parent) / "fairseq-preprocess.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_folder(dest) as tmp:
         # the same interpreter as ours, so the fairseq we were installed with
         cmd = [sys.executable, "-m", "fairseq_cli.preprocess", *preprocess_args,
                "--destdir", str(tmp), "--workers", str(workers)]
-        log("running fairseq-preprocess ...")
-        rc = subprocess.run(cmd).returncode
+        log(f"running fairseq-preprocess (its log: {log_path}) ...")
+        with open(log_path, "w", encoding="utf-8") as output:
+            rc = subprocess.run(cmd, stdout=output, stderr=output).returncode
         if rc != 0:
-            fail(f"fairseq-preprocess failed with exit status {rc} (its messages are above)")
+            fail(f"fairseq-preprocess failed with exit status {rc}: {last_words(log_path)} (its whole log: "
+                 f"{log_path})")
         if check is not None:
             check(tmp)
         for f in extra_files:
             shutil.copy2(f, tmp / f.name)
         (tmp / SETTINGS_FILE).write_text(json.dumps(settings, indent=1, sort_keys=True) + "\n")
     log(f"done: {dest}")
+
+
+def preprocess_inputs(preprocess_args: Sequence[str]) -> List[Path]:
+    """The text files fairseq-preprocess reads, as it names them: PREFIX.LANG of each --trainpref,
+    --validpref and --testpref (comma-separated prefixes each), for the source (and the target, unless
+    --only-source) language; PREFIX alone where no language is given."""
+    args = list(preprocess_args)
+
+    def value(flag):
+        return args[args.index(flag) + 1] if flag in args else None
+
+    langs = [value("--source-lang")] + ([] if "--only-source" in args else [value("--target-lang")])
+    prefixes = [prefix for flag in ("--trainpref", "--validpref", "--testpref") if value(flag)
+                for prefix in value(flag).split(",")]
+    return [Path(f"{prefix}.{lang}" if lang else prefix) for prefix in prefixes for lang in langs]
+
+
+def last_words(log_path: Path) -> str:
+    """The last line a failed program wrote (a traceback's: the exception)."""
+    with open(log_path, encoding="utf-8", errors="replace") as f:
+        lines = [line.strip() for line in f if line.strip()]
+    return lines[-1][:300] if lines else "it wrote nothing"

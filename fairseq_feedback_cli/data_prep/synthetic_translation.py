@@ -44,10 +44,10 @@ def main(argv=None):
     parser.add_argument("--max-len", type=int, default=12)
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
+    check_destination(args.out, "--out", folder=True)  # a file there was kept, as a corpus
     if os.path.exists(args.out):
         parser.exit(0, f"{args.out} exists; keeping it\n")
     check_at_least(args, train=1, valid=1, test=1, vocab=1, max_len=3)
-    check_destination(args.out, "--out")
     write_corpus(args.out, {"train": args.train, "valid": args.valid, "test": args.test},
                  vocab=args.vocab, max_len=args.max_len, seed=args.seed)
 

@@ -156,6 +156,38 @@ def apply_bpe(codes: Path, src: Path, dst: Path, workers: int) -> int:
 
 
 
+def check_text(path: Path, made_from: str) -> None:
+    """One line naming `path` unless it is text fairseq-preprocess (or the BPE
+    learnt on it) can take: present, UTF-8 (fairseq-preprocess failed with
+    its traceback), and with text in it (subword-nmt failed on an empty
+    train split with `max() arg is an empty sequence`, and fairseq-preprocess
+    makes a split of nothing); `made_from`: what to check instead."""
+    if not path.is_file():
+        fail(f"{path} is missing, and fairseq-preprocess would read it: {made_from}")
+    has_text, before = False, 0
+    with open(path, "rb") as f:
+        while batch := f.readlines(1 << 24):  # whole lines: no character is cut between two batches
+            try:
+                text = b"".join(batch).decode("utf-8")
+            except UnicodeDecodeError:
+                number, line, error = next((before + i, line, e) for i, line in enumerate(batch, 1)
+                                           for e in [_utf8_error(line)] if e is not None)
+                fail(f"{path}, line {number}: not UTF-8 (byte 0x{line[error.start]:02x} at byte {error.start + 1} "
+                     f"of the line), and fairseq-preprocess reads UTF-8: {made_from}, or convert it (iconv -t utf-8)")
+            has_text = has_text or (text != "" and not text.isspace())
+            before += len(batch)
+    if not has_text:
+        fail(f"{path} holds no text, and fairseq-preprocess would make a split of nothing of it: {made_from}")
+
+
+def _utf8_error(line: bytes) -> Optional[UnicodeDecodeError]:
+    try:
+        line.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return e
+    return None
+
+
 def count_lines(path: Path) -> int:
     with open(path, "rb") as f:
         return sum(block.count(b"\n") for block in iter(lambda: f.read(1 << 20), b""))

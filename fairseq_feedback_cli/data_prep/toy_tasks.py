@@ -22,6 +22,7 @@ import random
 from functools import partial
 
 from fairseq_feedback_cli.command_line import ArgumentParser, check_at_least, command, fail
+from fairseq_feedback_cli.machine import check_within, in_memory
 from fairseq_feedback_cli.outputs import atomic_folder, check_destination
 from fairseq_feedback_cli.toy_scoring import NO_LOSS
 
@@ -294,6 +295,12 @@ COUNTS = ("train", "valid", "test", "train_length", "test_length", "max_length",
           "statements")
 
 
+# the tokens an episode takes for each unit of the options that set its length; a token takes up to 75 bytes as
+# the episode is made (tracemalloc, episodes of 10**6 tokens: 28 for copy, 75 for the random walk)
+TOKENS_EACH = {"train_length": 2, "test_length": 2, "max_length": 2, "episode_length": 1, "statements": 6}
+BYTES_PER_TOKEN = 75
+
+
 def build_parser():
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--out", required=True, help="the task folder is written under it")
@@ -325,7 +332,9 @@ def build_parser():
 def main(argv=None):
     parsed = build_parser().parse_args(argv)
     check_at_least(parsed, **dict.fromkeys(COUNTS, 1))
-    check_destination(parsed.out, "--out")
+    check_within(parsed, **{name: in_memory(BYTES_PER_TOKEN * tokens, "the length of an episode that fits")
+                            for name, tokens in TOKENS_EACH.items()})
+    check_destination(parsed.out, "--out", folder=True)
     args = vars(parsed)
     task, out, seed, force = args.pop("task"), args.pop("out"), args.pop("seed"), args.pop("force")
     sizes = {split: args.pop(split) for split in SPLITS}

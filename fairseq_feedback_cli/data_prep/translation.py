@@ -15,7 +15,7 @@ from typing import Callable, Optional, Sequence, Tuple
 
 from .arguments import log, make_parser
 from .steps import binarize, dest_is_done, step
-from .text import apply_bpe, clean_corpus, count_lines, learn_bpe, log_counts, read_lines
+from .text import apply_bpe, check_text, clean_corpus, count_lines, learn_bpe, log_counts, read_lines
 
 SPLITS = ("train", "valid", "test")
 
@@ -117,6 +117,9 @@ def prepare_translation(args: argparse.Namespace, corpus: Corpus) -> None:
     text = step(args.work / "text", functools.partial(corpus.make_text, inputs=inputs, workers=args.workers),
                 corpus.made_from)
     corpus.after_text(text)
+    for split in SPLITS:  # before the subwords: subword-nmt fails on an empty train split with a traceback
+        for lang in corpus.langs:
+            check_text(text / f"{split}.{lang}", f"check the raw files it is made from ({corpus.name})")
     subwords = step(args.work / corpus.subwords.folder,
                     functools.partial(corpus.subwords.make, text=text, langs=corpus.langs, workers=args.workers),
                     settings)
@@ -124,7 +127,8 @@ def prepare_translation(args: argparse.Namespace, corpus: Corpus) -> None:
     binarize(args.dest, settings,
              ["--source-lang", source, "--target-lang", target, "--joined-dictionary",
               *(arg for split in SPLITS for arg in (f"--{split}pref", str(subwords / split)))],
-             args.workers, extra_files=[subwords / corpus.subwords.model, *(text / name for name in corpus.keep)])
+             args.workers, extra_files=[subwords / corpus.subwords.model, *(text / name for name in corpus.keep)],
+             work=args.work)
     if corpus.report is not None:
         corpus.report(text)
     else:

@@ -38,7 +38,7 @@ import traceback
 from typing import List
 
 from ..command_line import ArgumentParser, check_at_least, command, fail
-from ..outputs import atomic_folder
+from ..outputs import atomic_folder, check_destination
 from .check import (FAILED, INTERRUPTED, NOT_JUDGED, NOT_RUN, PASSED, SKIPPED, STOPPED, Check, OutOfTime, Step,
                     StepFailed)
 from .gpu_tests import gpu_tests
@@ -116,8 +116,8 @@ def main(argv=None):
     parser.add_argument("--out", help="the report's folder (default: a new gpu-check-DATE-TIME here); a previous "
                                       "check's folder is replaced when this one ends")
     parser.add_argument("--minutes", type=float, default=9.0,
-                        help="the time it may take (default 9, what the full sizes need on one H100); a step "
-                             "that would not fit in what is left is skipped for time")
+                        help="the time it may take (default 9, what the full sizes need on one H100; inf: no "
+                             "limit); a step that would not fit in what is left is skipped for time")
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                         help="cuda (default); cpu runs the same sequence at tiny sizes, the graphs through the "
                              "stand-in for capture (--cuda-graphs emulate)")
@@ -136,8 +136,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     check_at_least(args, updates=1)
     # nan compares false with everything: taken, it skipped every step (--minutes) or passed every loss (--tolerance)
-    if not math.isfinite(args.minutes) or args.minutes <= 0:
-        fail(f"--minutes must be a number above 0, got {args.minutes:g}")
+    if math.isnan(args.minutes) or args.minutes <= 0:
+        fail(f"--minutes must be a number above 0 (inf: no limit), got {args.minutes:g}")
     if args.tolerance is not None and not (math.isfinite(args.tolerance) and args.tolerance >= 0):
         fail(f"--tolerance must be a number, 0 or above, got {args.tolerance:g}")
     args.cuda_graphs = args.cuda_graphs or ("auto" if args.device == "cuda" else "emulate")
@@ -150,6 +150,7 @@ def main(argv=None):
     if args.device == "cpu" and args.cuda_graphs == "auto":
         fail("--cuda-graphs auto runs no graphs on the CPU: pass --cuda-graphs emulate")
     out = os.path.abspath(args.out or datetime.datetime.now().strftime("gpu-check-%Y%m%d-%H%M%S"))
+    check_destination(out, "--out", folder=True)
     command = ["feedback-gpu-check", *(sys.argv[1:] if argv is None else argv)]
     machine = describe_machine(args.device)
 
