@@ -15,7 +15,7 @@ torch's traceback (check_complete), and so is one that weights-only loading
 refuses (safe_checkpoints.refusal): fairseq reads every checkpoint through
 load_checkpoint_to_cpu, which patches.py wraps in loaded_in_one_line. What a
 checkpoint was trained with (its options) is read without its tensors
-(recorded_configuration), for command_line.py to compare with a command line.
+(recorded_configuration), for trained_options.py to compare with a command line.
 
 "Complete" means torch.save's zip archive has its central directory, which
 is written last: a file cut short at any point lacks it. Nothing is

@@ -7,7 +7,7 @@ What is known of an option is said in its field's metadata, beside its help:
 - "at_least", "at_most": the values it can take (check_feedback_args);
 - "may_change_on_resume": True where training may continue a checkpoint with
   another value (regularisation, how the model is computed); any other
-  option makes another model (fairseq_fixes/command_line.py refuses it);
+  option makes another model (fairseq_fixes/trained_options.py refuses it);
 - "fused": False where the fused block does not run the option, and the loop
   runs step by step through autograd instead (loop/fallback.py).
 """
