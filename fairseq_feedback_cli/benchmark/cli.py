@@ -39,7 +39,7 @@ import torch
 
 from ..command_line import ArgumentParser, check_at_least, command, fail
 from ..outputs import atomic_file
-from ..sizes import PRESETS
+from ..presets import PRESETS
 from .breakdown import BREAKDOWN_ROWS, breakdown
 from .measure import NotFinite
 from .tables import language_model, translation
