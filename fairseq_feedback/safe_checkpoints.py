@@ -10,7 +10,7 @@ allowlist exactly the plain-data classes fairseq writes into checkpoints:
 - omegaconf containers and fairseq's tensor placeholder: what distributed
   training and resuming store.
 Everything else is still refused (fairseq issues 5603, 5610), and named in
-one line (refusal), never with torch's advice to load with
+one line (refusal, refused_in_one_line), never with torch's advice to load with
 weights_only=False, which would let the file run its code. fairseq's
 tools allow them for the whole run (fairseq_fixes/patches.py: a --user-dir plugin is
 imported before any checkpoint is read), this project's tools as they start;
@@ -28,6 +28,8 @@ from typing import Optional
 
 import numpy as np
 import torch
+
+from .errors import FeedbackUsageError
 
 try:  # numpy >= 2
     from numpy._core.multiarray import _reconstruct, scalar
@@ -79,3 +81,16 @@ def refusal(path, error: BaseException) -> Optional[str]:
         return None
     return (f"{path} holds objects a fairseq checkpoint does not ({refused.group(1)}), so it was not loaded: "
             "loading it could run code it carries; use a checkpoint that fairseq-train wrote")
+
+
+@contextlib.contextmanager
+def refused_in_one_line(path):
+    """A checkpoint that weights-only loading refuses, as the block loads it, ends in one line (a
+    FeedbackUsageError): torch's message, with its advice, is not shown."""
+    try:
+        yield
+    except pickle.UnpicklingError as e:
+        line = refusal(path, e)
+        if line is None:
+            raise
+        raise FeedbackUsageError(line) from None

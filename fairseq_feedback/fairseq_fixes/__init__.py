@@ -5,10 +5,10 @@ of it.
 
     patches.py        apply: every fix, in fairseq's tools; apply_on_import: the one that any
                       program importing the plugin gets (what numpy 2 removed)
-    command_line.py   a tool's whole command line, checked before the tool creates anything:
-                      the entry, and the order of the checks
+    command_line.py   a tool's whole command line, checked before the tool creates anything
+                      where fairseq is silent or fails late: the entry, and the order
     option_values.py  option values from the command line: ranges, options that go together,
-                      Python literals, layers to keep, devices and half precision
+                      layers to keep, devices and half precision
     binarized_files.py  the data a tool reads: directories, language pair, dictionaries,
                       labels, splits down to fairseq's index header (also as fairseq loads them)
     trained_options.py  a checkpoint against the command line: read and continued as trained
@@ -18,7 +18,7 @@ of it.
     origin.py         whose exception it is: fairseq's (one line) or this plugin's (a defect:
                       its traceback), read where it was raised
     runs.py           what a run writes kept whole: its folder held, generate's results moved
-                      into place when complete, SIGTERM as Ctrl-C
+                      into place when complete
 """
 
 from .patches import apply, apply_on_import

@@ -1,7 +1,12 @@
-"""The binarized files a tool reads, checked before the tool runs and as fairseq loads them: the
-data directories, a translation task's language pair, the dictionaries (read by fairseq, whose
-checks of their format so come first), the labels, and the splits the tool reads (present, not
-empty, not cut short, of no token beyond their dictionary), down to fairseq's index header."""
+"""The binarized files a tool reads, checked as fairseq loads them and, all of them, before the run:
+the data directories, a translation task's language pair, the dictionaries (read by fairseq, whose
+checks of their format so come first), the labels, and the splits (present, not empty, not cut
+short, of no token beyond their dictionary), down to fairseq's index header.
+
+Late, without them: fairseq-train reads the training split of each data directory as its epoch
+begins (DATA1:DATA2:...), a split cut short is read past its end at some batch of some epoch, and a
+token beyond the dictionary fails in the model's embedding at some batch (option_values.py says what
+the labels mean)."""
 
 import os
 import struct
@@ -18,6 +23,8 @@ from .option_values import option
 
 
 def check_labels(cfg, training: bool) -> None:
+    """Silent: --ignore-label is a label of --labels (without them, or not among them, no position is
+    left out of the loss). Late: the labels of every training split (check_data)."""
     args = cfg.task
     if not args.labels:
         if args.ignore_label != "_":
@@ -34,8 +41,7 @@ def check_labels(cfg, training: bool) -> None:
                                     (path, len(labels)))
 
 
-
-def check_data(cfg, task, reads, training=False) -> None:
+def check_data(cfg, task, reads) -> None:
     """The data directories, a translation task's language pair, and the splits the tool reads."""
     paths = utils.split_paths(cfg.task.data)
     for path in paths:
@@ -54,8 +60,6 @@ def check_data(cfg, task, reads, training=False) -> None:
         dictionaries = {lang: read_dictionary(os.path.join(paths[0], f"dict.{lang}.txt")) for lang in (src, tgt)}
         for path, split in reads:
             _bilingual_split(path, split, src, tgt, impl, dictionaries)
-        if training:  # the checkpoints record the direction the model learns (check_direction)
-            cfg.task.source_lang, cfg.task.target_lang = src, tgt
 
 
 def language_pair(task_cfg):
@@ -178,4 +182,3 @@ def training_splits(cfg):
     paths = utils.split_paths(cfg.task.data)
     valid = [] if cfg.dataset.disable_validation else cfg.dataset.valid_subset.split(",")
     return [(path, cfg.dataset.train_subset) for path in paths] + [(paths[0], split) for split in valid]
-

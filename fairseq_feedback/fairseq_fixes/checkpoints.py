@@ -12,7 +12,7 @@ complete checkpoint beside it says so and resumes from the newest complete
 checkpoint, never from scratch. A checkpoint named on the command line
 (--path, --restore-file) that is cut short is named in one line instead of
 torch's traceback (check_complete), and so is one that weights-only loading
-refuses (safe_checkpoints.refusal): fairseq reads every checkpoint through
+refuses (safe_checkpoints.refused_in_one_line): fairseq reads every checkpoint through
 load_checkpoint_to_cpu, which patches.py wraps in loaded_in_one_line. What a
 checkpoint was trained with (its options) is read without its tensors
 (recorded_configuration), for trained_options.py to compare with a command line.
@@ -39,7 +39,7 @@ from fairseq.file_io import PathManager
 from omegaconf import open_dict
 
 from ..errors import PATH_FIXES, FeedbackUsageError, refused_write
-from ..safe_checkpoints import fairseq_checkpoints_allowed, refusal
+from ..safe_checkpoints import fairseq_checkpoints_allowed, refused_in_one_line
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ def written_whole(path: str):
     except BaseException as e:
         with contextlib.suppress(OSError):
             os.remove(partial)
-        refused = refused_write(e, PATH_FIXES)
+        refused = refused_write(e)
         if refused is None:
             raise
         raise FeedbackUsageError(f"could not write {path}: {refused.strerror}: {PATH_FIXES[refused.errno]}; the "
@@ -116,18 +116,6 @@ def check_complete(path: str) -> None:
         raise FeedbackUsageError(f"{path} is truncated (its save or copy was cut short) and cannot be loaded: "
                                  "use a complete checkpoint")
     raise FeedbackUsageError(f"{path} is not a checkpoint (not a file torch.save wrote): check the path")
-
-
-@contextlib.contextmanager
-def refused_in_one_line(path: str):
-    """A checkpoint that weights-only loading refuses ends in one line."""
-    try:
-        yield
-    except Exception as e:
-        line = refusal(path, e)
-        if line is None:
-            raise
-        raise FeedbackUsageError(line) from None
 
 
 def loaded_in_one_line(load_checkpoint_to_cpu):

@@ -1,53 +1,38 @@
-"""A fairseq tool's whole command line, checked before the tool creates anything: the entry and the order.
+"""A fairseq tool's whole command line, checked before the tool creates anything: the entry, and the
+order of the checks.
 
-fairseq-train creates --save-dir as its main begins, and fairseq-generate
-its --results-path; only then do they read the data, build the model and
-load checkpoints, so a mistake found there leaves a folder behind and a
-traceback. patches.py has each tool check its command line first:
-check_tool for those that hand their configuration to
-distributed_utils.call_main (train, eval-lm, interactive, validate,
-hydra-train), check_generate for fairseq-generate. In this order:
+fairseq-train creates --save-dir as its main begins, and fairseq-generate its --results-path; only
+then do they read the data, build the model and load checkpoints. What fairseq raises there is one
+line by one rule (one_line.py), and a folder the run created goes with it (patches.py); so a check
+runs before the tool only where fairseq would not raise in time: where it is silent (takes the
+mistake without a word) or late (fails once the run is under way), each labelled so where it is
+(option_values.py says how). patches.py has each tool call check_tool (train, eval-lm, interactive,
+validate, hydra-train: they hand their configuration to distributed_utils.call_main) or
+check_generate (fairseq-generate). In this order:
 
-- the model with the task, both as classes (the model is None unless the
-  tool trains one, which it builds from the command line);
-- the streaming task's options: blocks, batches of streams, labels
-  (option_values.py, binarized_files.py);
-- fairseq's own options at values that mean nothing (sizes of zero or
-  less, probabilities outside [0, 1), rates of zero): the model's, the
-  batches', the training loop's, the optimizer's, the scheduler's, the
-  criterion's, generation's; those that go together (--nbest and --beam);
-  those given as Python literals (--adam-betas, --model-overrides); ranks
-  that fairseq would spawn on no GPU; and half precision, which fairseq
-  computes on a GPU (or a TPU) only (option_values.py);
-- the decoder's options (models/feedback_config.py, beside their
-  definitions);
-- the data: the directories, a translation task's language pair, the
-  dictionaries (read by fairseq, whose checks of their format so come
-  first), the splits the tool reads (present, not empty, not cut short, of
-  no token beyond their dictionary) (binarized_files.py);
-- the checkpoints named on the command line (present, and complete) and
-  the one training continues from, against what they were trained with
-  (read from the checkpoint): training continues a model with the options
-  it was trained with, and the objective (--labels); a model trained to
-  predict labels is not scored or sampled as a language model; and what
-  --model-overrides changes of it (trained_options.py).
-
-Every tool also checks a split as fairseq loads it (check_binarized), and
-the models and tasks check their pairing as they are built
-(models/plugin_model.py, check_model_and_task).
+- the model with the task, both as classes (the model is None unless the tool trains one, which it
+  builds from the command line): the models and tasks refuse a wrong pairing as they are built
+  (models/plugin_model.py), and here it comes first, so that no later check speaks of what follows
+  from it; a model with learned spans under a task that does not train them (silent);
+- the streaming task's options (tasks/feedback_language_modeling.py, check_stream_options);
+- fairseq's own options by their ranges, those that go together, the devices (option_values.py);
+- the model's options: fairseq's (option_values.py), then the decoder's (models/feedback_config.py);
+- the data the tool reads (binarized_files.py);
+- the checkpoints named on the command line and the one training continues from, against what they
+  were trained with (trained_options.py).
 """
 
 from fairseq import utils
 from fairseq.tasks import TASK_REGISTRY
+from fairseq.tasks.translation import TranslationTask
 
 from ..errors import FeedbackUsageError
-from ..models import FeedbackLanguageModel
 from ..models.plugin_model import check_model_and_task, model_class
 from ..tasks import FeedbackLanguageModelingTask
 from ..tasks.adaptive_span_loss import AdaptiveSpanLossMixin
-from ..tasks.feedback_language_modeling import check_block
-from .binarized_files import check_data, check_labels, scored_splits, training_splits
-from .option_values import check_fairseq_options, check_model_options, check_precision, check_streams
+from ..tasks.feedback_language_modeling import check_stream_options
+from .binarized_files import check_data, check_labels, language_pair, scored_splits, training_splits
+from .option_values import check_fairseq_options, check_model_options, check_precision
 from .trained_options import check_checkpoints
 
 
@@ -69,32 +54,23 @@ def _check(cfg, model, reads, tool) -> None:
         check_model_and_task(model, task)
         check_trained_by_task(cfg.model, task)
     if task is not None and issubclass(task, FeedbackLanguageModelingTask):
-        check_streams(cfg)
+        check_stream_options(cfg)
         check_labels(cfg, training=model is not None)
     check_fairseq_options(cfg)
-    check_precision(cfg, training=model is not None)
+    check_precision(cfg)
     if model is not None:
         check_model_options(cfg.model, model)
-        check_positions(cfg, model)
     if task is not None and cfg.task.get("data"):
-        check_data(cfg, task, reads, training=model is not None)
+        check_data(cfg, task, reads)
+        if model is not None and issubclass(task, TranslationTask):  # the direction the checkpoints record
+            cfg.task.source_lang, cfg.task.target_lang = language_pair(cfg.task)  # (trained_options.check_direction)
     check_checkpoints(cfg, model, tool)
 
 
-# --- the model and the task ----------------------------------------------------------------------
-
-
 def check_trained_by_task(model_cfg, task) -> None:
-    """Learned spans need their loss added and their values kept in range,
-    which only this plugin's tasks do."""
+    """Silent: learned spans need their loss added and their values kept in range, which only this
+    plugin's tasks do (fairseq's train them as fixed spans)."""
     if getattr(model_cfg, "adaptive_span", False) and not issubclass(task, AdaptiveSpanLossMixin):
         raise FeedbackUsageError("--adaptive-span is trained by this plugin's tasks, which add --adaptive-span-loss "
                                  "and keep the spans in range: use --task feedback_translation "
                                  "(feedback_language_modeling for a language model), or drop --adaptive-span")
-
-
-def check_positions(cfg, model) -> None:
-    """A feedback language model with absolute positions has as many as it has: blocks fit in them."""
-    if issubclass(model, FeedbackLanguageModel) and not cfg.model.no_token_positional_embeddings:
-        check_block(cfg.task.tokens_per_sample, cfg.model.max_target_positions)
-

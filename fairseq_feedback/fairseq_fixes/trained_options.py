@@ -1,9 +1,13 @@
 """A checkpoint against the command line: the checkpoints a tool reads (--path) present, and read as
 what they were trained for (the objective, --labels; a translation model's direction; what
 --model-overrides changes of it); the one fairseq-train continues from, with the options and the
-objective it was trained with."""
+objective it was trained with. Each check is here because fairseq is silent on some of what it
+refuses (option_values.py says what that means): it loads the parameters into a model that computes
+something else, or decodes in the other direction, without a word; --print-alignment with
+--score-reference is late."""
 
 import argparse
+import ast
 import functools
 import os
 import types
@@ -16,13 +20,13 @@ from ..models.feedback_config import may_change_on_resume
 from ..models.plugin_model import model_class
 from .binarized_files import language_pair
 from .checkpoints import checkpoint_to_resume, recorded_configuration
-from .option_values import MISSING, MODEL_RANGES, OPTION_RANGES, check_ranges, flag, model_overrides, number, option
+from ..option_ranges import check_ranges, flag, number
+from .option_values import LATE_RANGES, MISSING, MODEL_RANGES, SILENT_RANGES, option
 
 
 def check_checkpoints(cfg, model, tool) -> None:
     """The checkpoints a tool reads (--path) and, when training (`model`: the
-    class it builds), the one it continues from; and a training run has
-    batches to make."""
+    class it builds), the one it continues from."""
     path = cfg.get("common_eval", {}).get("path")
     for checkpoint in utils.split_paths(path) if path else []:
         if not os.path.isfile(checkpoint):
@@ -32,8 +36,6 @@ def check_checkpoints(cfg, model, tool) -> None:
         continued = continued_checkpoint(cfg)
         if continued is not None:
             check_continued_as_trained(cfg, model, *continued)
-        if cfg.dataset.max_tokens is None and cfg.dataset.batch_size is None:
-            raise FeedbackUsageError("set a batch size with --max-tokens or --batch-size")
 
 
 def continued_checkpoint(cfg):
@@ -88,13 +90,7 @@ def check_continued_as_trained(cfg, model, checkpoint, named) -> None:
     if recorded is None:
         return
     instead = INSTEAD[named]
-    labels, given = option(recorded.task, "labels", None), cfg.task.get("labels")
-    if labels and not given:
-        raise FeedbackUsageError(f"{checkpoint} was trained with --labels {labels}, to predict labels: continue it "
-                                 f"with --task feedback_language_modeling --labels {labels}, or {instead}")
-    if given and not labels:
-        raise FeedbackUsageError(f"{checkpoint} was trained without --labels, to predict the next token: "
-                                 f"drop --labels {given}, or {instead}")
+    check_objective(cfg, recorded, checkpoint, "train", f", or {instead}")
     trained = model_class(recorded.model)
     if trained is not None and trained is not model:
         raise FeedbackUsageError(f"{checkpoint} holds a {_model_name(trained)} model, and this command line builds "
@@ -127,36 +123,54 @@ def check_read_as_trained(cfg, checkpoint, tool) -> None:
     recorded = recorded_configuration(checkpoint)
     if recorded is None:
         return
+    check_objective(cfg, recorded, checkpoint, tool)
+    if tool in ("generate", "interactive"):
+        check_direction(cfg, recorded, checkpoint)
+    generation = cfg.get("generation") or {}
+    if (tool == "generate" and generation.get("score_reference") and generation.get("print_alignment")
+            and getattr(model_class(recorded.model), "aligns_as_it_decodes_only", False)):
+        # late: fairseq-generate fails as it prints the first sentence's scores, with no alignment to print
+        raise FeedbackUsageError(f"{checkpoint} returns its alignments as it decodes, and --score-reference scores "
+                                 "the references teacher-forced: drop --print-alignment, or --score-reference")
+    check_overrides(cfg, recorded, checkpoint)
+
+
+def check_objective(cfg, recorded, checkpoint, tool, instead="") -> None:
+    """A model trained to predict labels (--labels) is trained on, scored and sampled as one, and a
+    language model as one: `tool` reads the checkpoint (fairseq-validate reads the objective from it;
+    the others take it from the command line), or trains it on (train: `instead` says what else)."""
     labels, given = option(recorded.task, "labels", None), cfg.task.get("labels")
     if labels and tool in ("eval_lm", "generate", "interactive"):
         does = "scores" if tool == "eval_lm" else "generates"
         raise FeedbackUsageError(f"{checkpoint} was trained with --labels {labels}: it predicts labels, not the next "
                                  f"token that fairseq-{tool.replace('_', '-')} {does}; score it with "
                                  "feedback-evaluate-toy, or fairseq-validate")
+    if labels and not given and tool == "train":
+        raise FeedbackUsageError(f"{checkpoint} was trained with --labels {labels}, to predict labels: continue it "
+                                 f"with --task feedback_language_modeling --labels {labels}{instead}")
     if given and not labels:
         raise FeedbackUsageError(f"{checkpoint} was trained without --labels, to predict the next token: "
-                                 f"drop --labels {given}")
-    if tool in ("generate", "interactive"):
-        check_direction(cfg, recorded, checkpoint)
-    generation = cfg.get("generation") or {}
-    if (tool == "generate" and generation.get("score_reference") and generation.get("print_alignment")
-            and str(option(recorded.model, "arch", "")).startswith("feedback_transformer")):
-        raise FeedbackUsageError(f"{checkpoint} returns its alignments as it decodes, and --score-reference scores "
-                                 "the references teacher-forced: drop --print-alignment, or --score-reference")
-    check_overrides(cfg, recorded, checkpoint)
+                                 f"drop --labels {given}{instead}")
 
 
 def check_overrides(cfg, recorded, checkpoint) -> None:
     """--model-overrides names options the checkpoint records (fairseq ignores any other), at values
     they can take, and changes no more of its model than training may when it continues (MAY_CHANGE):
     fairseq would build another model and fail to load the parameters into it, or load them into a
-    model that computes something else."""
-    overrides = model_overrides(option(cfg.get("common_eval") or {}, "model_overrides", None)) or {}
+    model that computes something else; and it is a dict of names (fairseq takes a list without a word).
+    """
+    given = option(cfg.get("common_eval") or {}, "model_overrides", None)
+    overrides = model_overrides(given)
+    if given is None:
+        return
+    if not (isinstance(overrides, dict) and all(isinstance(name, str) for name in overrides)):
+        raise FeedbackUsageError(f"--model-overrides must be a Python dict of option names and values, as "
+                                 f"\"{{'dropout': 0.1}}\", got {given!r}")
     unknown = sorted(set(overrides) - recorded.names)
     if unknown:
         raise FeedbackUsageError(f"--model-overrides names {', '.join(unknown)}, which {checkpoint} does not record "
                                  "(fairseq would ignore it): name options as its configuration does, as 'dropout'")
-    check_ranges(types.SimpleNamespace(**overrides), {**MODEL_RANGES, **OPTION_RANGES})
+    check_ranges(types.SimpleNamespace(**overrides), {**MODEL_RANGES, **SILENT_RANGES, **LATE_RANGES})
     changed = [(name, option(recorded.model, name), value) for name, value in overrides.items()
                if name not in MAY_CHANGE]
     changed = [(name, was, now) for name, was, now in changed if was is not MISSING and not _same(was, now)]
@@ -166,6 +180,17 @@ def check_overrides(cfg, recorded, checkpoint) -> None:
         raise FeedbackUsageError(f"--model-overrides changes the model {checkpoint} holds (trained with {was}; asked "
                                  f"for {now}): drop those; what may change is what training may change when it "
                                  "continues (the dropouts, --cuda-graphs, the positions)")
+
+
+def model_overrides(given):
+    """--model-overrides as fairseq evaluates it (None where it cannot: not a literal), as ast reads it,
+    without running it."""
+    if not isinstance(given, str):
+        return given
+    try:
+        return ast.literal_eval(given)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return None
 
 
 def check_direction(cfg, recorded, checkpoint) -> None:

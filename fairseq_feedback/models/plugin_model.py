@@ -3,7 +3,6 @@ decoder they build, and the task each goes with."""
 
 import argparse
 import os
-import pickle
 from typing import Optional
 
 from fairseq.models import ARCH_MODEL_REGISTRY
@@ -11,7 +10,7 @@ from fairseq.tasks.language_modeling import LanguageModelingTask
 
 from ..cuda_graphs import GraphStatistics
 from ..errors import FeedbackUsageError
-from ..safe_checkpoints import fairseq_checkpoints_allowed, refusal
+from ..safe_checkpoints import fairseq_checkpoints_allowed, refused_in_one_line
 from .feedback_decoder import FeedbackDecoder
 from .transformer_xl_decoder import TransformerXLDecoder
 
@@ -26,6 +25,8 @@ class PluginModel:
     # a language model or not: which of fairseq's kinds of task it goes with, and else what to use
     language_model: bool
     wrong_task: str
+    # fairseq's "attn" (the alignment) comes from incremental decoding alone: none when scored teacher-forced
+    aligns_as_it_decodes_only = True
 
     @classmethod
     def hub_models(cls):
@@ -38,14 +39,8 @@ class PluginModel:
         program of one's own that imports the plugin is otherwise left as it was.
         A checkpoint that rule refuses is named without torch's advice to load
         it with weights_only=False, which would run the code it carries."""
-        with fairseq_checkpoints_allowed():
-            try:
-                return super().from_pretrained(model_name_or_path, checkpoint_file, *args, **kwargs)
-            except pickle.UnpicklingError as e:
-                line = refusal(os.path.join(model_name_or_path, checkpoint_file), e)
-                if line is None:
-                    raise
-                raise FeedbackUsageError(line) from None  # torch's message, with its advice, is not shown
+        with fairseq_checkpoints_allowed(), refused_in_one_line(os.path.join(model_name_or_path, checkpoint_file)):
+            return super().from_pretrained(model_name_or_path, checkpoint_file, *args, **kwargs)
 
     def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
         check_dictionary_sizes(self, state_dict)
