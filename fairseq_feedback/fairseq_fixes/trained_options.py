@@ -18,9 +18,9 @@ from fairseq.models import MODEL_REGISTRY
 from ..errors import FeedbackUsageError
 from ..models.feedback_config import may_change_on_resume
 from ..models.plugin_model import model_class
+from ..option_ranges import check_ranges, flag, number
 from .binarized_files import language_pair
 from .checkpoints import checkpoint_to_resume, recorded_configuration
-from ..option_ranges import check_ranges, flag, number
 from .option_values import LATE_RANGES, MISSING, MODEL_RANGES, SILENT_RANGES, option
 
 
@@ -55,12 +55,12 @@ def continued_checkpoint(cfg):
         if resumed is not None:
             return resumed, "--save-dir"
         named = ("--finetune-from-model", checkpoint.finetune_from_model)
-    option, path = named
+    given, path = named
     if path is None:
         return None
     if not os.path.isfile(path):
-        raise FeedbackUsageError(f"{option} {path} not found: check the path")
-    return path, option
+        raise FeedbackUsageError(f"{given} {path} not found: check the path")
+    return path, given
 
 
 # The model options that may change when training continues from a checkpoint: regularisation,
