@@ -73,10 +73,10 @@ def sigterm_as_ctrl_c() -> Iterator[None]:
     KeyboardInterrupt, as Ctrl-C does: the processes the command started are
     stopped (subprocess.run kills its child on any exception, a Pool its
     workers), its partial outputs removed, and it ends with its one line; by
-    default Python would die at once and leave them running. This project's
-    commands (`command`) and fairseq's tools with the plugin
-    (fairseq_feedback/fairseq_fixes/patches.py) run within it; it imports
-    nothing, so the data scripts start without fairseq."""
+    default Python would die at once and leave them running. Every command
+    of this project runs within it (`command`). (fairseq's tools with the
+    plugin hand SIGTERM to Python's own Ctrl-C handler, as they fork no
+    workers but torch's: fairseq_feedback/fairseq_fixes/runs.py.)"""
     owner = os.getpid()
 
     def interrupt(signum, frame):

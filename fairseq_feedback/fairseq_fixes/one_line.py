@@ -43,7 +43,7 @@ def one_line(exc: BaseException):
     """The line that ends a tool on `exc`, or None where its traceback must show."""
     if os.environ.get(TRACEBACK):
         return None
-    if isinstance(exc, KeyboardInterrupt):  # Ctrl-C, or a kill (sigterm_as_ctrl_c), wherever it landed
+    if isinstance(exc, KeyboardInterrupt):  # Ctrl-C, or a kill (runs.py), wherever it landed
         return ("interrupted: what the run had finished is kept, and nothing it left looks finished "
                 "(fairseq-train resumes from its newest complete checkpoint when run again)")
     if not isinstance(exc, Exception):  # an exit: as Python shows it

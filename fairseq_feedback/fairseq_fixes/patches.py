@@ -76,14 +76,12 @@ from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.distributed import utils as distributed_utils
 from fairseq.logging import progress_bar
 
-from fairseq_feedback_cli.command_line import sigterm_as_ctrl_c  # a kill as Ctrl-C, as in this project's tools
-
 from ..safe_checkpoints import allow_fairseq_checkpoints
 from .binarized_files import check_binarized
 from .checkpoints import AtomicCopyPathManager, loaded_in_one_line, resume_from_a_complete_checkpoint, saved_whole
 from .command_line import check_generate, check_tool
 from .one_line import one_line
-from .runs import held, is_rank_zero, results_moved_into_place
+from .runs import held, is_rank_zero, results_moved_into_place, sigterm_as_ctrl_c
 
 
 def in_a_fairseq_tool() -> bool:
