@@ -41,7 +41,7 @@ setup(
             "feedback-benchmark = fairseq_feedback_cli.benchmark:main",
             "feedback-average-checkpoints = fairseq_feedback_cli.average_checkpoints:main",
             "feedback-score = fairseq_feedback_cli.score:main",
-            "feedback-evaluate-toy = fairseq_feedback_cli.evaluate_toy:cli",
+            "feedback-evaluate-toy = fairseq_feedback_cli.toy.evaluate:cli",
             "feedback-gpu-check = fairseq_feedback_cli.gpu_check.cli:main",
         ],
     },

@@ -10,7 +10,7 @@ allowlist exactly the plain-data classes fairseq writes into checkpoints:
 - omegaconf containers and fairseq's tensor placeholder: what distributed
   training and resuming store.
 Everything else is still refused (fairseq issues 5603, 5610), and named in
-one line (refusal), never with torch's advice to load with
+one line (refusal, which checkpoint_files.py raises), never with torch's advice to load with
 weights_only=False, which would let the file run its code. fairseq's
 tools allow them for the whole run (fairseq_fixes/patches.py: a --user-dir plugin is
 imported before any checkpoint is read), this project's tools as they start;
@@ -28,6 +28,7 @@ from typing import Optional
 
 import numpy as np
 import torch
+
 
 try:  # numpy >= 2
     from numpy._core.multiarray import _reconstruct, scalar

@@ -73,11 +73,11 @@ def _names(keys) -> str:
 def check_one_model(path: str, state: dict, first_path: str, first_state: dict) -> None:
     """Two checkpoints average into a model only if they are checkpoints of
     one: of one architecture, with the options that make the model (all but
-    those that may change when a run resumes: fairseq_fixes/command_line.py),
+    those that may change when a run resumes: fairseq_fixes/trained_options.py),
     and with the same dictionaries, symbol for symbol (their parameters fit
     either way, and fairseq averaged them into a model of nothing)."""
     from fairseq_feedback.fairseq_fixes.checkpoints import configuration
-    from fairseq_feedback.fairseq_fixes.command_line import other_model
+    from fairseq_feedback.fairseq_fixes.trained_options import other_model
     from fairseq_feedback.models.plugin_model import model_class
 
     first, this = configuration(first_state), configuration(state)

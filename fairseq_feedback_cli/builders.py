@@ -15,7 +15,7 @@ from fairseq.models import ARCH_MODEL_REGISTRY
 from fairseq.tasks import TASK_REGISTRY
 from fairseq.tasks.translation import TranslationTask
 
-from fairseq_feedback.fairseq_fixes.command_line import check_model_options
+from fairseq_feedback.fairseq_fixes.option_values import check_model_options
 from fairseq_feedback.fairseq_fixes.patches import silence_hydra_deprecations
 
 silence_hydra_deprecations()  # fairseq's configuration, composed here as fairseq's tools compose it

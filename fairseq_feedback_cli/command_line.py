@@ -3,15 +3,17 @@
 `fail(message)` stops a command with `error: MESSAGE` on stderr and exit status 1, no
 traceback; the parser's own errors (a missing or mistyped option) end the same way, without
 argparse's usage dump; `check_at_least` names a count given below the values it can take;
-`quiet` leaves a tool's result as the one thing it prints; `stop_on_sigterm` makes a kill end a
-command as Ctrl-C does; `command` makes a write that the system refuses midway end in one line.
+`quiet` leaves a tool's result as the one thing it prints; `command` makes a kill end a command
+as Ctrl-C does (`sigterm_as_ctrl_c`, which fairseq's tools get from the plugin too), and a write
+that the system refuses midway end in one line.
 """
 
 import argparse
+import contextlib
 import functools
 import os
 import signal
-from typing import Callable, NoReturn
+from typing import Callable, Iterator, NoReturn
 
 
 def fail(message: str) -> NoReturn:
@@ -21,15 +23,16 @@ def fail(message: str) -> NoReturn:
 def command(main: Callable, interrupted: str = "nothing it was writing was left; rerun the same command") -> Callable:
     """Every command's main: a write the system refuses midway (a full disk,
     a file-size limit, a read-only disk) ends it in one line naming the file
-    and the fix, as a mistake does, wherever the write was, and so do
-    Ctrl-C and a mistake named by the code it calls (FeedbackUsageError);
+    and the fix, as a mistake does, wherever the write was, and so do Ctrl-C,
+    a kill and a mistake named by the code it calls (FeedbackUsageError);
     what the command was writing went on the way out (outputs.py: complete
     or not at all)."""
 
     @functools.wraps(main)
     def run(*args, **kwargs):
         try:
-            return main(*args, **kwargs)
+            with sigterm_as_ctrl_c():
+                return main(*args, **kwargs)
         except KeyboardInterrupt:
             fail(f"interrupted; {interrupted}")
         except Exception as e:
@@ -68,12 +71,16 @@ def quiet() -> None:
     warnings.filterwarnings("ignore")
 
 
-def stop_on_sigterm() -> None:
-    """SIGTERM (kill, a job scheduler's stop) raises KeyboardInterrupt, as
-    Ctrl-C does: the processes the command started are stopped (subprocess.run
-    kills its child on any exception, a Pool its workers), its partial outputs
-    removed, and it ends with its one line; by default Python would die at
-    once and leave them running."""
+@contextlib.contextmanager
+def sigterm_as_ctrl_c() -> Iterator[None]:
+    """Within the block, SIGTERM (kill, a job scheduler's stop) raises
+    KeyboardInterrupt, as Ctrl-C does: the processes the command started are
+    stopped (subprocess.run kills its child on any exception, a Pool its
+    workers), its partial outputs removed, and it ends with its one line; by
+    default Python would die at once and leave them running. Every command
+    of this project runs within it (`command`). (fairseq's tools with the
+    plugin hand SIGTERM to Python's own Ctrl-C handler, as they fork no
+    workers but torch's: fairseq_feedback/fairseq_fixes/runs.py.)"""
     owner = os.getpid()
 
     def interrupt(signum, frame):
@@ -83,4 +90,8 @@ def stop_on_sigterm() -> None:
             return
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, interrupt)
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

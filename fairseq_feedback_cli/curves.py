@@ -7,7 +7,7 @@
 
 toy: each folder is one model (its name) of one task (its parent folder's
 name), holding the test.UPDATES.json files of examples/toy/README.md
-(evaluate_toy --json, one per evaluated checkpoint): for each task, Table 1's
+(feedback-evaluate-toy --json, one per evaluated checkpoint): for each task, Table 1's
 token and episode accuracy against updates, in --out/TASK.png.
 
 log: each file is the --log-file of a fairseq-train run with --log-format
@@ -31,11 +31,11 @@ import os
 from . import plots
 from .command_line import ArgumentParser, command, fail
 from .outputs import check_destination
-from .toy_scoring import METRICS
+from .toy.scoring import METRICS
 
 
 def toy_runs(folders):
-    """{task folder: {model: [evaluate_toy results, by updates]}}."""
+    """{task folder: {model: [feedback-evaluate-toy's results, by updates]}}."""
     tasks = {}
     for folder in folders:
         folder = os.path.normpath(folder)
@@ -45,7 +45,7 @@ def toy_runs(folders):
         results = []
         for path in files:
             try:
-                with open(path) as f:  # the last line: evaluate_toy --json's result
+                with open(path) as f:  # the last line: feedback-evaluate-toy --json's result
                     results.append(json.loads(f.read().strip().splitlines()[-1]))
             except (OSError, ValueError, IndexError) as e:
                 fail(f"{path} is not an evaluation's JSON ({e})")

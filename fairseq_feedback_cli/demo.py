@@ -39,11 +39,12 @@ import time
 
 import torch
 
-from . import plots, toy_evaluation
-from .command_line import ArgumentParser, check_at_least, command, fail, quiet, stop_on_sigterm
+from . import plots
+from .command_line import ArgumentParser, check_at_least, command, fail, quiet
 from .machine import CORES, SEEDS, check_within, cores
 from .outputs import atomic_folder, check_destination
-from .toy_scoring import METRICS
+from .toy.predictions import evaluate
+from .toy.scoring import METRICS
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PLUGIN = os.path.join(REPO, "fairseq_feedback")
@@ -220,7 +221,7 @@ def checkpoints(save_dir, every):
 
 
 def evaluate_model(name, save_dir, raw, data, config, keep=("checkpoint_last.pt",)):
-    """[result of toy_evaluation.evaluate for each checkpoint, by updates];
+    """[result of toy.predictions.evaluate for each checkpoint, by updates];
     then removes the checkpoints other than `keep` (the predictions stay)."""
     results = []
     predictions = os.path.join(save_dir, "predictions")
@@ -229,8 +230,8 @@ def evaluate_model(name, save_dir, raw, data, config, keep=("checkpoint_last.pt"
     if not found:
         fail(f"the {name} run saved no checkpoint in {save_dir}")
     for updates, path in found.items():
-        result = toy_evaluation.evaluate(config["task"], data, path, split="test", raw=os.path.join(raw, "test.labels"),
-                                       output=os.path.join(predictions, f"test.{updates}.txt"))
+        result = evaluate(config["task"], data, path, split="test", raw=os.path.join(raw, "test.labels"),
+                          output=os.path.join(predictions, f"test.{updates}.txt"))
         result["checkpoint"] = os.path.basename(path)
         result["predictions"] = os.path.relpath(result["predictions"], os.path.dirname(save_dir))
         results.append(result)
@@ -300,7 +301,7 @@ def report(folder, config, runs, results, seconds):
         "Commands:", "",
         *[f"    {shlex.join(runs[name][2])}" for name in runs], "",
         "Evaluate a checkpoint again, from this folder:", "",
-        f"    python -m fairseq_feedback_cli.evaluate_toy --task {config['task']} --data data/bin "
+        f"    python -m fairseq_feedback_cli.toy.evaluate --task {config['task']} --data data/bin "
         f"--path feedback/checkpoint_last.pt --raw data/raw/{config['task']}/test.labels", "",
     ]
     with open(os.path.join(folder, "results.md"), "w") as f:
@@ -373,7 +374,6 @@ def main(argv=None):
             config[key] = getattr(args, key)
     check_destination(args.out, "--out", folder=True)
     quiet()
-    stop_on_sigterm()  # as Ctrl-C: stop the training runs, remove the partial folder
     try:
         run(args.out, config, args.threads)
     except KeyboardInterrupt:

@@ -4,7 +4,7 @@ accuracy against updates, and a validation metric against updates and training h
 import textwrap
 
 from .outputs import atomic_file
-from .toy_scoring import METRICS
+from .toy.scoring import METRICS
 
 
 def _pyplot():
@@ -21,7 +21,7 @@ def _pyplot():
 
 def toy_accuracy(results, task, title=""):
     """The figure of token accuracy (solid) and episode accuracy (dashed) against updates;
-    results: {model: [evaluate_toy results, by updates]}."""
+    results: {model: [feedback-evaluate-toy's results, by updates]}."""
     plt = _pyplot()
     token_metric, line_metric = METRICS[task]
     fig, ax = plt.subplots(figsize=(7, 4.5))

@@ -47,6 +47,51 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: FIRST.index(item.path.name) if item.path.name in FIRST else len(FIRST))
 
 
+# --- runs the test modules share: each built once per process (an xdist worker), read and never written ---
+
+
+@pytest.fixture(scope="session")
+def lm_data(tmp_path_factory):
+    """A tiny language-modelling corpus (helpers.write_lm_corpus: 60 training lines, about 430 tokens,
+    7 blocks of 4 streams x 16 tokens per epoch) and its binarized data: (corpus folder, data directory)."""
+    from helpers import preprocess_lm, write_lm_corpus
+
+    root = tmp_path_factory.mktemp("lm")
+    write_lm_corpus(root / "corpus", 60)
+    preprocess_lm(root / "corpus", root / "data-bin")
+    return root / "corpus", root / "data-bin"
+
+
+@pytest.fixture(scope="session")
+def lm_run(lm_data, tmp_path_factory):
+    """A tiny feedback LM trained on lm_data with fairseq-train (helpers.LM_MODEL, Adam, blocks of 16
+    tokens in 4 streams, 36 updates: 5 epochs of 7 blocks, which learn its counting pattern, and one block
+    into the sixth): .corpus, .data, .updates, .checkpoint (checkpoint_last.pt), .log (what fairseq-train
+    printed) and .log_file (its --log-file)."""
+    from helpers import LM_MODEL, run
+
+    corpus, data = lm_data
+    root, updates = tmp_path_factory.mktemp("lm-run"), 36
+    log = run("train", data, *LM_MODEL, "--optimizer", "adam", "--lr", "3e-3", "--tokens-per-sample", 16,
+              "--batch-size", 4, "--max-update", updates, "--save-dir", root / "checkpoints",
+              "--log-file", root / "train.log").stdout
+    return types.SimpleNamespace(corpus=corpus, data=data, updates=updates, log=log, log_file=root / "train.log",
+                                 checkpoint=root / "checkpoints" / "checkpoint_last.pt")
+
+
+@pytest.fixture(scope="session")
+def translation_data(tmp_path_factory):
+    """A tiny parallel corpus (synthetic_translation: 80 training pairs, 8 valid, 8 test, 12 words, up to 8
+    tokens: 10 batches of 8 per epoch), binarized with a joined dictionary: the data directory."""
+    from fairseq_feedback_cli.data_prep.synthetic_translation import write_corpus
+    from helpers import preprocess_translation
+
+    root = tmp_path_factory.mktemp("translation")
+    write_corpus(str(root / "corpus"), {"train": 80, "valid": 8, "test": 8}, vocab=12, max_len=8)
+    preprocess_translation(root / "corpus", root / "data-bin")
+    return root / "data-bin"
+
+
 @pytest.fixture(scope="session")
 def toy_model(tmp_path_factory):
     """(raw task folder, data directory, checkpoint) of helpers.train_toy_model, trained once for the tests

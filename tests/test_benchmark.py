@@ -22,7 +22,7 @@ from torch.utils._device import _device_constructors
 
 from fairseq_feedback_cli import benchmark
 from fairseq_feedback_cli.benchmark import breakdown, graphs, measure, operators, tables, workloads
-from fairseq_feedback_cli.sizes import PRESETS
+from fairseq_feedback_cli.presets import PRESETS
 
 
 class FactoriesNameTheirDevice(TorchFunctionMode):

@@ -8,7 +8,7 @@ import re
 
 import pytest
 import torch
-from helpers import LM_MODEL, error_lines, preprocess_lm, run, write_lm_corpus
+from helpers import LM_MODEL, error_lines, run
 
 from fairseq_feedback.tasks import FeedbackLanguageModelingTask
 
@@ -18,12 +18,11 @@ WARMUP = ["--tokens-per-sample", 16, "--bptt-warmup-tokens-per-sample", 8, "--bp
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("warmup")
-    write_lm_corpus(root / "corpus", 60)
-    preprocess_lm(root / "corpus", root / "data-bin")
-    tokens = [line.split() + ["</s>"] for line in open(root / "corpus" / "train.txt")]
-    return root / "data-bin", [t for line in tokens for t in line]
+def data(lm_data):
+    """The shared corpus (conftest.py): its data directory, and its training split's tokens in order."""
+    corpus, data = lm_data
+    tokens = [line.split() + ["</s>"] for line in open(corpus / "train.txt")]
+    return data, [t for line in tokens for t in line]
 
 
 @contextlib.contextmanager

@@ -8,9 +8,9 @@ import pytest
 import torch
 from helpers import TOY_SIZES, error_of, run_module
 
-from fairseq_feedback_cli import evaluate_toy, toy_evaluation
+from fairseq_feedback_cli.toy import evaluate as evaluate_toy, predictions
 from fairseq_feedback_cli.data_prep import toy_tasks as tt
-from fairseq_feedback_cli.toy_scoring import METRICS, score
+from fairseq_feedback_cli.toy.scoring import METRICS, score
 
 
 def read(path):
@@ -79,7 +79,7 @@ def test_bad_predictions_and_arguments_are_one_line(tmp_path):
 def test_predictions_get_the_umasks_permissions(tmp_path):
     previous = os.umask(0o022)
     try:
-        toy_evaluation.write_lines(str(tmp_path / "pred.txt"), [["c1", "c2"]])
+        predictions.write_lines(str(tmp_path / "pred.txt"), [["c1", "c2"]])
     finally:
         os.umask(previous)
     assert os.stat(tmp_path / "pred.txt").st_mode & 0o777 == 0o644  # readable by others, as any file they write
@@ -91,7 +91,7 @@ def test_predictions_get_the_umasks_permissions(tmp_path):
 def test_evaluating_a_checkpoint_writes_aligned_predictions_and_scores_them(toy_model, tmp_path):
     raw, data, ckpt = toy_model
     out = tmp_path / "pred.txt"
-    proc = run_module("fairseq_feedback_cli.evaluate_toy", "--task", "random_walk", "--data", data, "--path", ckpt,
+    proc = run_module("fairseq_feedback_cli.toy.evaluate", "--task", "random_walk", "--data", data, "--path", ckpt,
                       "--raw", f"{raw}/test.labels", "--output", out, "--json")
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     labels, predicted = read(f"{raw}/test.labels"), read(out)
@@ -106,9 +106,9 @@ def test_predictions_are_the_argmax_of_the_model_over_the_whole_stream(toy_model
     """Read in blocks with the memory carried, one stream gives the argmax of a
     single pass over the whole split: the predictions land on the right tokens."""
     raw, data, ckpt = toy_model
-    result = toy_evaluation.evaluate("random_walk", str(data), str(ckpt), split="valid", batch_size=1,
+    result = predictions.evaluate("random_walk", str(data), str(ckpt), split="valid", batch_size=1,
                                    output=str(tmp_path / "valid.txt"))
-    model, task, _, _ = toy_evaluation.load(str(ckpt), str(data))
+    model, task, _, _ = predictions.load(str(ckpt), str(data))
     model.eval()
     task.load_dataset("valid")
     dataset = task.dataset("valid")

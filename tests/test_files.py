@@ -14,7 +14,8 @@ import pytest
 import torch
 from helpers import ENV, assert_one_error_line, error_lines, error_of
 
-from fairseq_feedback_cli import average_checkpoints, curves, evaluate_toy
+from fairseq_feedback_cli import average_checkpoints, curves
+from fairseq_feedback_cli.toy import evaluate as evaluate_toy
 from fairseq_feedback_cli.outputs import atomic_file, atomic_folder
 
 

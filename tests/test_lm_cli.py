@@ -9,39 +9,33 @@ ADAM = ["--optimizer", "adam", "--lr", "3e-3"]
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    root = tmp_path_factory.mktemp("lm")
-    write_lm_corpus(root / "corpus", 300)
-    preprocess_lm(root / "corpus", root / "data-bin")
-    log = run("train", root / "data-bin", *LM_MODEL, *ADAM, "--tokens-per-sample", 16, "--batch-size", 4,
-              "--max-update", 60, "--save-dir", root / "checkpoints", "--log-file", root / "train.log").stdout
-    return root, log
+def trained(lm_run):
+    """The shared tiny run (conftest.py): the model trained with ADAM, blocks of 16, 4 streams."""
+    return lm_run
 
 
 def test_training_scores_every_token_and_learns(trained):
-    root, log = trained
-    train_tokens = sum(len(line.split()) + 1 for line in open(root / "corpus" / "train.txt"))
+    log = trained.log
+    train_tokens = sum(len(line.split()) + 1 for line in open(trained.corpus / "train.txt"))
     assert f"train: {train_tokens} tokens, each scored once, in 4 streams" in log
     assert last_number(r"valid on 'valid' subset \| loss ([\d.]+)", log) < last_number(r"epoch 001 .*?loss ([\d.]+)", log)
 
 
 def test_the_log_file_holds_each_line_once_whatever_the_epochs(trained):
     """fairseq-train adds a --log-file handler at every epoch, and its lines came once per epoch so far."""
-    root, log = trained
-    assert "epoch 002" in log
-    lines = (root / "train.log").read_text().splitlines()
+    assert "epoch 002" in trained.log
+    lines = trained.log_file.read_text().splitlines()
     assert sum(line.startswith("epoch 002") for line in lines) >= 2
     assert [a for a, b in zip(lines, lines[1:]) if a == b] == []
 
 
 def test_eval_lm_carries_memory_so_the_block_length_does_not_matter(trained):
     """... and a block longer than the longest stream is cut to it, rather than padded (a hundred times slower)."""
-    root, _ = trained
-    test_tokens = sum(len(line.split()) + 1 for line in open(root / "corpus" / "test.txt"))
+    test_tokens = sum(len(line.split()) + 1 for line in open(trained.corpus / "test.txt"))
     results = []
     for block in (16, 128, 100_000):
-        out = run("eval_lm", root / "data-bin", "--task", "feedback_language_modeling", "--path",
-                  root / "checkpoints" / "checkpoint_last.pt", "--tokens-per-sample", block, "--batch-size", 2,
+        out = run("eval_lm", trained.data, "--task", "feedback_language_modeling", "--path",
+                  trained.checkpoint, "--tokens-per-sample", block, "--batch-size", 2,
                   "--gen-subset", "test", "--cpu").stdout
         assert f"Evaluated {test_tokens} tokens" in out
         results.append(last_number(r"Loss \(base 2\): ([\d.]+)", out))
@@ -53,11 +47,10 @@ def test_streams_left_empty_are_left_out_of_the_batches_with_a_warning(trained):
     """More streams than lines: the empty ones would only pad every batch (and
     100,000 of them ran out of memory); without them, the numbers are those of
     any other count of streams that deals each line into a stream of its own."""
-    root, _ = trained
     results = {}
     for rows in (1000, 100_000):  # the test split's 20 lines, one stream each
-        out = run("eval_lm", root / "data-bin", "--task", "feedback_language_modeling", "--path",
-                  root / "checkpoints" / "checkpoint_last.pt", "--batch-size", rows, "--gen-subset", "test",
+        out = run("eval_lm", trained.data, "--task", "feedback_language_modeling", "--path",
+                  trained.checkpoint, "--batch-size", rows, "--gen-subset", "test",
                   "--cpu").stdout
         results[rows] = last_number(r"Loss \(base 2\): ([\d.]+)", out)
     assert "WARNING | fairseq_feedback.tasks.streams | test: 20 lines fill 20 of the 100000 streams asked for " \
@@ -68,30 +61,27 @@ def test_streams_left_empty_are_left_out_of_the_batches_with_a_warning(trained):
 def test_sampling_through_interactive_and_the_hub(trained):
     from fairseq_feedback.models import FeedbackLanguageModel
 
-    root, _ = trained
-    out = run("interactive", root / "data-bin", "--task", "feedback_language_modeling", "--path",
-              root / "checkpoints" / "checkpoint_last.pt", "--sampling", "--beam", 1, "--max-len-b", 6, "--cpu",
+    out = run("interactive", trained.data, "--task", "feedback_language_modeling", "--path",
+              trained.checkpoint, "--sampling", "--beam", 1, "--max-len-b", 6, "--cpu",
               stdin="w1 w2 w3\n").stdout
     (hypothesis,) = [line.split("\t")[2] for line in out.splitlines() if line.startswith("H-")]
     assert hypothesis.startswith("w1 w2 w3 ") and len(hypothesis.split()) > 3
-    lm = FeedbackLanguageModel.from_pretrained(str(root / "checkpoints"), "checkpoint_last.pt", str(root / "data-bin"))
+    lm = FeedbackLanguageModel.from_pretrained(str(trained.checkpoint.parent), "checkpoint_last.pt", str(trained.data))
     assert lm.sample("w4 w5", beam=1, sampling=True, max_len_b=5).startswith("w4 w5")
 
 
 def test_resumed_training_continues_the_streams(trained, tmp_path):
-    root, _ = trained
-    (tmp_path / "checkpoint_last.pt").write_bytes((root / "checkpoints" / "checkpoint_last.pt").read_bytes())
+    (tmp_path / "checkpoint_last.pt").write_bytes(trained.checkpoint.read_bytes())
     saved = torch.load(tmp_path / "checkpoint_last.pt")["extra_state"]["train_iterator"]
-    log = run("train", root / "data-bin", *LM_MODEL, *ADAM, "--tokens-per-sample", 16, "--batch-size", 4,
-              "--max-update", 65, "--save-dir", tmp_path).stdout
-    assert "@ 60 updates" in log
+    log = run("train", trained.data, *LM_MODEL, *ADAM, "--tokens-per-sample", 16, "--batch-size", 4,
+              "--max-update", trained.updates + 5, "--save-dir", tmp_path).stdout
+    assert f"@ {trained.updates} updates" in log
     resumed = torch.load(tmp_path / "checkpoint_last.pt")["extra_state"]["train_iterator"]
     assert (resumed["epoch"], resumed["iterations_in_epoch"]) == (saved["epoch"], saved["iterations_in_epoch"] + 5)
 
 
 def test_two_workers_train_to_the_parameters_of_one_worker_with_both_workers_streams(trained, tmp_path):
-    root, _ = trained
-    common = [root / "data-bin", *LM_MODEL, "--optimizer", "sgd", "--lr", "0.5", "--tokens-per-sample", 16,
+    common = [trained.data, *LM_MODEL, "--optimizer", "sgd", "--lr", "0.5", "--tokens-per-sample", 16,
               "--max-update", 5, "--ddp-backend", "legacy_ddp"]
     run("train", *common, "--batch-size", 4, "--save-dir", tmp_path / "one")
     log = train_on_two_workers(*common, "--batch-size", 2, "--save-dir", tmp_path / "two")
@@ -108,19 +98,17 @@ def last_line(proc):
 
 
 def test_missing_split_is_one_line(trained):
-    root, _ = trained
-    proc = run("eval_lm", root / "data-bin", "--task", "feedback_language_modeling", "--path",
-               root / "checkpoints" / "checkpoint_last.pt", "--gen-subset", "nosuch", "--cpu", check=False)
-    assert last_line(proc).startswith(f"error: split 'nosuch' not found in {root / 'data-bin'}")
+    proc = run("eval_lm", trained.data, "--task", "feedback_language_modeling", "--path",
+               trained.checkpoint, "--gen-subset", "nosuch", "--cpu", check=False)
+    assert last_line(proc).startswith(f"error: split 'nosuch' not found in {trained.data}")
 
 
 def test_block_longer_than_the_model_allows_is_one_line(trained, tmp_path):
-    root, _ = trained
     absolute = ["--relative-positions", "False", "--no-token-positional-embeddings", "False",
                 "--max-target-positions", 32]
-    run("train", root / "data-bin", *LM_MODEL, *ADAM, *absolute, "--tokens-per-sample", 16, "--batch-size", 2,
+    run("train", trained.data, *LM_MODEL, *ADAM, *absolute, "--tokens-per-sample", 16, "--batch-size", 2,
         "--max-update", 1, "--save-dir", tmp_path)
-    proc = run("eval_lm", root / "data-bin", "--task", "feedback_language_modeling", "--path",
+    proc = run("eval_lm", trained.data, "--task", "feedback_language_modeling", "--path",
                tmp_path / "checkpoint_last.pt", "--tokens-per-sample", 64, "--cpu", check=False)
     assert last_line(proc) == "error: --tokens-per-sample 64 is longer than the model allows (32): use shorter blocks"
 

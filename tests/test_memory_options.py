@@ -103,7 +103,7 @@ def test_the_recurrent_memory_gives_each_layer_its_own_past_and_the_layers_below
     (["--adaptive-span", "--adaptive-span-init", "2"], "--adaptive-span-init must be in [0, 1], got 2"),
     (["--persistent-vectors", "-1"], "--persistent-vectors must be at least 0"),
     (["--dropout", "1"], "--dropout must be in [0, 1), got 1"),
-    (["--decoder-input-dim", "0"], "--decoder-input-dim must be at least 1, got 0"),
+    (["--decoder-ffn-embed-dim", "0"], "--decoder-ffn-embed-dim must be at least 1, got 0"),
     (["--adaptive-span-loss", "0.1"], "--adaptive-span-loss is the loss of learned spans: add --adaptive-span"),
     (["--decoder-attention-heads", "3"], "--decoder-embed-dim 16 is not divisible by --decoder-attention-heads 3: "
                                          "change one, or set --head-dim"),

@@ -44,7 +44,7 @@ from helpers import PLUGIN
 from recipes import ENWIK8_SIZES, RECIPES, TABLE9, TABLE9_CHARACTERS, TABLE9_TOY, Recipe, bash_blocks
 
 import recipe_shims
-from fairseq_feedback_cli.toy_scoring import METRICS
+from fairseq_feedback_cli.toy.scoring import METRICS
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE_TIMEOUT = 1200  # stops a hung recipe; the toy recipe passed 600 s on 2 cores shared with another run

@@ -14,29 +14,18 @@ import sys
 
 import pytest
 import torch
-from helpers import (ENV, LM_MODEL, PLUGIN, TRANSLATION_MODEL, error_lines, last_number, preprocess_lm,
-                     preprocess_translation, run, train_on_two_workers, write_lm_corpus)
+from helpers import ENV, LM_MODEL, PLUGIN, TRANSLATION_MODEL, error_lines, last_number, run, train_on_two_workers
 
 from fairseq.data import Dictionary
 
 from fairseq_feedback.fairseq_fixes.checkpoints import checkpoint_to_resume
 from fairseq_feedback.fairseq_fixes.one_line import one_line
 from fairseq_feedback.tasks.splits import monolingual_split
-from fairseq_feedback_cli.data_prep.synthetic_translation import write_corpus
 
 # SGD and no dropout: parameters of two runs on the same batches are equal, not
 # only close (Adam rescales float noise of zero gradients into full steps)
 SGD = ["--optimizer", "sgd", "--lr", "0.5", "--disable-validation"]
 TRANSLATION = [*TRANSLATION_MODEL, *SGD, "--batch-size", 8, "--required-batch-size-multiple", 1]
-
-
-@pytest.fixture(scope="module")
-def translation_data(tmp_path_factory):
-    """80 sentence pairs: 10 batches of 8 per epoch."""
-    root = tmp_path_factory.mktemp("reliability")
-    write_corpus(str(root / "corpus"), {"train": 80, "valid": 8, "test": 8}, vocab=12, max_len=8)
-    preprocess_translation(root / "corpus", root / "data-bin")
-    return root / "data-bin"
 
 
 def parameters(save_dir):
@@ -381,12 +370,9 @@ def test_new_batches_each_epoch_is_the_default_for_feedback_transformers_only():
 
 
 @pytest.fixture(scope="module")
-def lm_data(tmp_path_factory):
-    """About 430 tokens: 7 blocks of 4 streams x 16 tokens per epoch."""
-    root = tmp_path_factory.mktemp("lm")
-    write_lm_corpus(root / "corpus", 60)
-    preprocess_lm(root / "corpus", root / "data-bin")
-    return root / "data-bin"
+def lm_data(lm_data):
+    """The shared corpus's data directory (conftest.py): 7 blocks of 4 streams x 16 tokens per epoch."""
+    return lm_data[1]
 
 
 LM_TRAIN = [*LM_MODEL, *SGD, "--tokens-per-sample", 16]

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import torch
-
+from bad_values_cases import CASES
 from helpers import REPO
 
 PAGE = os.path.join(REPO, "docs", "reliability.md")
@@ -41,9 +41,8 @@ def test_the_weights_only_refusal_without_the_plugin_is_explained(tmp_path):
 
 def test_the_table_of_mistakes_names_tests_that_exist():
     """Each `file::test` of the table's last column is a test of that file, and each `file[case]` (or a
-    `[case]` after it) a case of test_bad_values.py's sweep; `::test` and `[case]` go on with the file before."""
-    from test_bad_values import CASES
-
+    `[case]` after it) a case of test_bad_values.py's sweep (bad_values_cases.py); `::test` and `[case]` go on
+    with the file before."""
     rows = [line for line in section("What each mistake shows").splitlines() if line.startswith("| ")][2:]
     assert len(rows) > 20
     for row in rows:

@@ -1,9 +1,10 @@
 import os
 
 import pytest
+from toy_oracles import check_answer_line, execute_program, replay_walk
 
-from fairseq_feedback_cli import toy_scoring
 from fairseq_feedback_cli.data_prep import toy_tasks as tt
+from fairseq_feedback_cli.toy import scoring
 
 TASKS = ("copy", "reverse", "counting", "random_walk", "algorithmic")
 SMALL = ["--train", "6", "--valid", "2", "--test", "2"]
@@ -69,7 +70,7 @@ def test_split_does_not_depend_on_other_split_sizes():
 @pytest.mark.parametrize("task", ("copy", "reverse"))
 def test_copy_reverse(tmp_path, task):
     for split, tokens, labels in all_episodes(generate(tmp_path, task)):
-        assert tt.check_answer_line(task, tokens, labels)
+        assert check_answer_line(task, tokens, labels)
         assert tokens.index(tt.SEP) == (40 if split == "train" else 400)
     folder = generate(tmp_path, task, 1, "--train-length", "3", "--test-length", "7")
     assert {len(t) for s, t, _ in all_episodes(folder) if s == "train"} == {2 * 3 + 1}
@@ -78,24 +79,24 @@ def test_copy_reverse(tmp_path, task):
 
 def test_reverse_is_not_copy():
     tokens, labels = next(tt.episodes("reverse", "train", 1, seed=0))
-    assert tt.check_answer_line("reverse", tokens, labels)
-    assert not tt.check_answer_line("copy", tokens, labels)
+    assert check_answer_line("reverse", tokens, labels)
+    assert not check_answer_line("copy", tokens, labels)
 
 
 @pytest.mark.parametrize("max_length", (50, 1000))
 def test_counting(tmp_path, max_length):
     folder = generate(tmp_path, "counting", 1, "--max-length", str(max_length))
     for _, tokens, labels in all_episodes(folder):
-        assert tt.check_answer_line("counting", tokens, labels)
+        assert check_answer_line("counting", tokens, labels)
         assert 1 <= tokens.count("A") <= max_length
 
 
 def test_answer_checker_rejects_wrong_lines():
-    assert tt.check_answer_line("copy", "3 1 = 3 1".split(), "_ _ 3 1 .".split())
-    assert not tt.check_answer_line("copy", "3 1 = 3 2".split(), "_ _ 3 2 .".split())
-    assert not tt.check_answer_line("copy", "3 1 = 3 1".split(), "_ _ 3 1 _".split())
-    assert tt.check_answer_line("counting", "A A = B B".split(), "_ _ B B .".split())
-    assert not tt.check_answer_line("counting", "A A = B".split(), "_ _ B .".split())
+    assert check_answer_line("copy", "3 1 = 3 1".split(), "_ _ 3 1 .".split())
+    assert not check_answer_line("copy", "3 1 = 3 2".split(), "_ _ 3 2 .".split())
+    assert not check_answer_line("copy", "3 1 = 3 1".split(), "_ _ 3 1 _".split())
+    assert check_answer_line("counting", "A A = B B".split(), "_ _ B B .".split())
+    assert not check_answer_line("counting", "A A = B".split(), "_ _ B .".split())
 
 
 # --- random walk --------------------------------------------------------------------
@@ -105,17 +106,17 @@ def test_random_walk(tmp_path):
     for _, tokens, labels in all_episodes(generate(tmp_path, "random_walk")):
         assert len(tokens) == 101 and tokens[0] == tt.RESET
         assert set(tokens[1:]) <= {tt.FORWARD, tt.LEFT, tt.RIGHT}
-        assert labels == tt.replay_walk(tokens)
+        assert labels == replay_walk(tokens)
         assert {int(cell[1:]) for cell in labels} <= set(range(64))
 
 
 def test_replay_walk_by_hand():
     # start c36 = row 4, col 4, facing north; the top wall stops the walker at row 0
     walk = ["reset"] + ["F"] * 6 + ["R", "F", "R", "F", "L", "L", "F", "reset"]
-    assert tt.replay_walk(walk) == ["c36", "c28", "c20", "c12", "c4", "c4", "c4",
+    assert replay_walk(walk) == ["c36", "c28", "c20", "c12", "c4", "c4", "c4",
                                     "c4", "c5", "c5", "c13", "c13", "c13", "c5", "c36"]
     with pytest.raises(ValueError):
-        tt.replay_walk(["reset", "jump"])
+        replay_walk(["reset", "jump"])
 
 
 # --- algorithmic --------------------------------------------------------------------
@@ -129,7 +130,7 @@ def test_algorithmic(tmp_path, variables):
         assert tokens[-1] == "END" and tokens.count(";") == 100
         # the executor raises on use before initialisation, re-initialisation and
         # values outside 1..10, so this also checks those constraints
-        printed = tt.execute_program(tokens)
+        printed = execute_program(tokens)
         assert [int(l) for l in labels if l != "_"] == printed
         # each value sits on the `;` of its print statement
         assert [i for i, l in enumerate(labels) if l != "_"] == [
@@ -148,12 +149,12 @@ def test_algorithmic_equality_flag():
            for t in tokens}
     assert "==" in ops
     for tokens, labels in tt.episodes("algorithmic", "train", 20, seed=0, equality=True):
-        assert [int(l) for l in labels if l != "_"] == tt.execute_program(tokens)
+        assert [int(l) for l in labels if l != "_"] == execute_program(tokens)
 
 
 def test_execute_program_by_hand():
     program = "x = 9 ; y = 2 ; x ++ ; if x > y : y -- ; if y == 5 : z = 3 ; print y ; print x ; END"
-    assert tt.execute_program(program.split()) == [1, 10]
+    assert execute_program(program.split()) == [1, 10]
     for bad in ("print x ; END",                     # use before initialisation
                 "x = 1 ; x = 2 ; END",               # initialised twice
                 "x = 10 ; x ++ ; END",               # above 10
@@ -162,7 +163,7 @@ def test_execute_program_by_hand():
                 "x = 1 ; print x",                   # no END
                 "x = 1 ; print x END"):              # no ';'
         with pytest.raises(ValueError):
-            tt.execute_program(bad.split())
+            execute_program(bad.split())
 
 
 # --- scoring ------------------------------------------------------------------------
@@ -171,29 +172,29 @@ def test_execute_program_by_hand():
 def test_score_perfect_on_generated_labels(tmp_path):
     for task in TASKS:
         _, labels = read(generate(tmp_path, task), "valid")
-        key_token, key_line = toy_scoring.METRICS[task]
-        assert toy_scoring.score(task, labels, labels) == {key_token: 1.0, key_line: 1.0}
+        key_token, key_line = scoring.METRICS[task]
+        assert scoring.score(task, labels, labels) == {key_token: 1.0, key_line: 1.0}
 
 
 def test_score_hand_made():
     labels = ["_ _ 3 1 .", "_ _ 7 7 ."]
     # line 1 all right (a wrong guess under `_` is not counted), line 2 one wrong of three
     predicted = ["9 9 3 1 .", "_ _ 7 2 ."]
-    assert toy_scoring.score("copy", labels, predicted) == {"char_acc": 5 / 6, "seq_acc": 0.5}
+    assert scoring.score("copy", labels, predicted) == {"char_acc": 5 / 6, "seq_acc": 0.5}
     labels = ["_ _ 4 _ 5", "_ _ _", "2 _ _"]  # the middle line has nothing to score
     predicted = [["x", "x", "4", "x", "6"], "_ _ _", "3 _ _"]
-    assert toy_scoring.score("algorithmic", labels, predicted) == {"acc": 1 / 3, "episode_acc": 0.0}
-    assert toy_scoring.score("random_walk", ["c1 c2", "c3 c4"], ["c1 c2", "c3 c5"]) == {
+    assert scoring.score("algorithmic", labels, predicted) == {"acc": 1 / 3, "episode_acc": 0.0}
+    assert scoring.score("random_walk", ["c1 c2", "c3 c4"], ["c1 c2", "c3 c5"]) == {
         "acc": 0.75, "episode_acc": 0.5}
 
 
 def test_score_rejects_mismatched_shapes():
     with pytest.raises(ValueError):
-        toy_scoring.score("copy", ["_ 1 ."], ["_ 1 . ."])
+        scoring.score("copy", ["_ 1 ."], ["_ 1 . ."])
     with pytest.raises(ValueError):
-        toy_scoring.score("copy", ["_ 1 .", "_ 2 ."], ["_ 1 ."])
+        scoring.score("copy", ["_ 1 .", "_ 2 ."], ["_ 1 ."])
     with pytest.raises(ValueError):
-        toy_scoring.score("nope", ["_ 1 ."], ["_ 1 ."])
+        scoring.score("nope", ["_ 1 ."], ["_ 1 ."])
 
 
 # --- command line and atomic output -------------------------------------------------

@@ -15,8 +15,8 @@ scratch. A file that is not a checkpoint, named on the command line (--path,
 instead of torch's traceback (fairseq_feedback/checkpoint_files.py): fairseq
 reads every checkpoint through load_checkpoint_to_cpu, which patches.py wraps
 in loaded_in_one_line. What a checkpoint was trained with (its options) is
-read without its tensors (recorded_configuration), for command_line.py to
-compare with a command line.
+read without its tensors (recorded_configuration), for trained_options.py
+to compare with a command line.
 
 "Complete" means torch.save's zip archive has its central directory, which
 is written last: a file cut short at any point lacks it.
@@ -87,7 +87,7 @@ def written_whole(path: str):
     except BaseException as e:
         with contextlib.suppress(OSError):
             os.remove(partial)
-        refused = refused_write(e, PATH_FIXES)
+        refused = refused_write(e)
         if refused is None:
             raise
         raise FeedbackUsageError(f"could not write {path}: {refused.strerror}: {PATH_FIXES[refused.errno]}; the "

@@ -38,8 +38,6 @@ NEAR = 3
 # the most of fairseq's message that the line quotes (a state dict's mismatches run to pages)
 MESSAGE_CHARS = 600
 
-# what to do about a path the system refused, by the reason it gave
-
 
 def one_line(exc: BaseException):
     """The line that ends a tool on `exc`, or None where its traceback must show."""

@@ -116,6 +116,8 @@ def _owner(file: str) -> str:
     """"fairseq", "plugin", "library" (passed over) or "other" (a program of one's own)."""
     if file.startswith("<"):  # <frozen runpy>, <string> (code fairseq evaluated)
         return "library"
+    if not os.path.isabs(file) and not os.path.exists(file):  # a compiled module's source, as Cython names it
+        return "library"  # (numpy/random/mtrand.pyx: np.random.seed refusing fairseq's --seed)
     path = os.path.realpath(file)
     for owner, packages in (("fairseq", FAIRSEQ), ("plugin", PLUGIN)):
         if path.startswith(_roots(packages)):

@@ -83,8 +83,9 @@ from fairseq.logging import progress_bar
 from omegaconf import open_dict
 
 from ..safe_checkpoints import allow_fairseq_checkpoints
+from .binarized_files import check_binarized
 from .checkpoints import AtomicCopyPathManager, loaded_in_one_line, resume_from_a_complete_checkpoint, saved_whole
-from .command_line import check_binarized, check_generate, check_tool
+from .command_line import check_generate, check_tool
 from .one_line import one_line
 from .runs import held, is_rank_zero, results_moved_into_place, sigterm_as_ctrl_c
 

@@ -5,8 +5,8 @@ as they go: two runs into one folder both ended with exit status 0, their
 checkpoints or results mixed; fairseq-generate wrote its results file in
 place, so Ctrl-C replaced a complete earlier result with part of a new
 one; a folder that could not be written was found when the first write
-failed, after the work (a link to nothing, a read-only disk); and Ctrl-C or
-a kill ended in a traceback. Here:
+failed, after the work (a link to nothing, a read-only disk); and a kill
+(SIGTERM) ended a run at once, leaving all of that. Here:
 
 - `held`: the folder is made (or found) and tried for writing before the
   work, then held for the run alone: a second run into it is refused in
@@ -16,8 +16,8 @@ a kill ended in a traceback. Here:
   hidden name in --results-path, renamed into place when the run
   completes; an interrupted or failed run leaves the previous results as
   they were.
-- `sigterm_as_ctrl_c`: a kill (SIGTERM, a job scheduler's stop) ends a run
-  as Ctrl-C does, and one_line.py names an interruption in one line.
+- `sigterm_as_ctrl_c`: a kill ends a run as Ctrl-C does, and one_line.py
+  names an interruption in one line.
 """
 
 import contextlib
@@ -31,8 +31,7 @@ from typing import Iterator
 
 from omegaconf import open_dict
 
-from ..errors import FeedbackUsageError
-from .one_line import PATH_FIXES
+from ..errors import PATH_FIXES, FeedbackUsageError
 
 
 @contextlib.contextmanager
@@ -92,21 +91,15 @@ def results_moved_into_place(cfg) -> Iterator[object]:
 
 @contextlib.contextmanager
 def sigterm_as_ctrl_c() -> Iterator[None]:
-    """Within the block, SIGTERM raises KeyboardInterrupt, as Ctrl-C does: the
-    run's partial outputs are removed, the processes it started are stopped,
-    and it ends with its one line; by default Python would die at once and
-    leave them. A process forked from it (a data loader's worker) dies as it
-    would have."""
-    owner = os.getpid()
-
-    def interrupt(signum, frame):
-        if os.getpid() != owner:
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-            return
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
+    """Within the block, SIGTERM raises KeyboardInterrupt, through Python's own
+    handler of Ctrl-C: the run's partial outputs are removed, the processes it
+    started are stopped, and it ends with its one line. fairseq's ranks are
+    spawned, not forked, and torch's DataLoader workers, which are forked,
+    end quietly on KeyboardInterrupt. (This project's commands, which fork
+    workers of their own that must die as killed, have theirs:
+    fairseq_feedback_cli/command_line.py; importing it here would make the
+    plugin depend on its tools.)"""
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         yield
     finally:

@@ -181,7 +181,7 @@ class FusedFeedbackLoop:
     def __init__(self, memory, layers: Sequence, buffer: KeyValueBuffer, window: Tuple[Tensor, ...], span: int,
                  positions: Optional[Tensor], span_biases: Sequence[Optional[Tensor]], weights: Tensor,
                  alignment: Optional[Alignment] = None):
-        self.memory, self.module_layers, self.alignment = memory, layers, alignment
+        self.memory, self.decoder_layers, self.alignment = memory, layers, alignment
         self.buffer, self.window, self.span, self.initial = buffer, window, span, window[0].size(2)
         self.plane_count, self.num_heads, self.head_dim = memory.planes, memory.num_heads, memory.head_dim
         self.memory_count = memory.memories
@@ -190,7 +190,7 @@ class FusedFeedbackLoop:
     def __call__(self, x: Tensor, encoder_kv: Optional[Tensor], encoder_bias: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
         """The top layer's outputs [tgt_len, bsz, embed_dim] and the memory
         vectors [tgt_len, memories, bsz, embed_dim]."""
-        parameters = tuple(p for m in block_weighted(self.memory.kv_proj, self.memory.layer_norm, self.module_layers)
+        parameters = tuple(p for m in block_weighted(self.memory.kv_proj, self.memory.layer_norm, self.decoder_layers)
                            for p in (m.weight, m.bias))
         self.inputs = BlockInputs(x, encoder_kv, self.positions, self.weights, self.span_biases, self.window,
                                   parameters)
@@ -212,13 +212,13 @@ class FusedFeedbackLoop:
         self.kv_proj = (GroupedLinear(memory.kv_proj, tgt_len, recording, self.memory_count) if memory.grouped
                         else Linear(memory.kv_proj, tgt_len, recording))
         self.memory_layer_norm = None if memory.layer_norm is None else Norm(memory.layer_norm, tgt_len, recording)
-        present = [layer for layer in self.module_layers if layer is not None]
+        present = [layer for layer in self.decoder_layers if layer is not None]
         read = min(self.span, self.initial + tgt_len - 1)  # slots a step reads at most
         self.keep_probs = not present or present[0].self_attn.num_heads * read <= embed + (
             0 if present[0].fc1 is None else present[0].fc1.out_features)
         self.layers = [None if layer is None else FusedLayer(layer, tgt_len, recording, memory.plane(i), i == 0,
                                                              self.keep_probs, aligned(self.alignment, i))
-                       for i, layer in enumerate(self.module_layers)]
+                       for i, layer in enumerate(self.decoder_layers)]
         self.present = [layer for layer in self.layers if layer is not None]
 
         slots = x.new_empty(self.plane_count, bsz, self.num_heads, self.initial + tgt_len, self.head_dim)

@@ -34,30 +34,30 @@ class StepRecords:
 
     def __init__(self, tgt_len: int):
         self.tgt_len = tgt_len
-        self.block: Optional[Tensor] = None  # [tgt_len, bsz, features]
+        self.whole: Optional[Tensor] = None  # [tgt_len, bsz, features]: the whole block's records
         self.kept: Dict[int, Tensor] = {}
 
-    def write_into(self, block: Tensor) -> None:
-        """The records are this block tensor's steps (written by someone else)."""
-        self.block, self.kept = block, dict(enumerate(block.unbind(0)))  # each step's view, made once
+    def write_into(self, whole: Tensor) -> None:
+        """The records are this tensor's steps (written by someone else)."""
+        self.whole, self.kept = whole, dict(enumerate(whole.unbind(0)))  # each step's view, made once
 
     def at(self, t: int, like: Tensor, features: Optional[int] = None) -> Tensor:
         """Where step t writes its record [bsz, features]: like's rows, and its features by default."""
-        if self.block is None:
+        if self.whole is None:
             self.write_into(like.new_empty(self.tgt_len, like.size(0), like.size(-1) if features is None else features))
         return self.kept[t]
 
     def keep(self, t: int, tensor: Tensor) -> None:
-        if self.block is None:  # otherwise written in place already
+        if self.whole is None:  # otherwise written in place already
             self.kept[t] = tensor
 
     def __getitem__(self, t: int) -> Tensor:
         return self.kept[t]
 
     def joined(self) -> Tensor:
-        if self.block is None:
+        if self.whole is None:
             return torch.cat([self.kept[t] for t in range(self.tgt_len)])
-        return self.block.view(-1, self.block.size(-1))
+        return self.whole.view(-1, self.whole.size(-1))
 
 
 class Linear:

@@ -4,10 +4,11 @@ fairseq's own options, and of the rest of a command line, are in
 fairseq_fixes/command_line.py.
 
 What is known of an option is said in its field's metadata, beside its help:
-- "at_least", "at_most": the values it can take (check_feedback_args);
+- "at_least", "at_most": the values it can take (option_ranges.py, as for every
+  option of this plugin and fairseq's; check_feedback_args);
 - "may_change_on_resume": True where training may continue a checkpoint with
   another value (regularisation, how the model is computed); any other
-  option makes another model (fairseq_fixes/command_line.py refuses it);
+  option makes another model (fairseq_fixes/trained_options.py refuses it);
 - "fused": False where the fused block does not run the option, and the loop
   runs step by step through autograd instead (loop/fallback.py).
 """
@@ -20,6 +21,7 @@ from fairseq.models.transformer import TransformerConfig
 
 from ..errors import FeedbackUsageError
 from ..modules.feedback_memory import composition_layer
+from ..option_ranges import check_ranges, field_ranges, flag
 
 CUDA_GRAPHS = ChoiceEnum(["auto", "off", "emulate"])
 
@@ -124,6 +126,14 @@ def feedback_architecture(args, fairseq_architecture, **defaults) -> None:
 
 # fairseq options these decoders do not implement, and the value that turns each off
 UNSUPPORTED = {"checkpoint_activations": False, "base_layers": 0}
+# fairseq's options that the decoders read, at values they cannot use and fairseq's own models
+# refuse themselves (the others' ranges: fairseq_fixes/option_values.py): each attention splits its
+# dimension among its heads (check_heads), and the decoders' attention drops its probabilities itself
+FAIRSEQ_OPTIONS_READ = {
+    **dict.fromkeys(("decoder_embed_dim", "decoder_attention_heads", "encoder_embed_dim", "encoder_attention_heads"),
+                    {"at_least": 1}),
+    "attention_dropout": {"at_least": 0, "below": 1},
+}
 
 
 def may_change_on_resume() -> set:
@@ -133,19 +143,15 @@ def may_change_on_resume() -> set:
 
 def unfused_options(cfg) -> List[str]:
     """The options set in `cfg` that the fused block does not run, as flags."""
-    return [_flag(f.name) for f in fields(FeedbackConfig) if f.metadata.get("fused") is False and getattr(cfg, f.name)]
+    return [flag(f.name) for f in fields(FeedbackConfig) if f.metadata.get("fused") is False and getattr(cfg, f.name)]
 
 
 def check_feedback_args(args) -> None:
     """One-line errors for option values the decoders cannot use."""
-    for f in fields(FeedbackConfig):
-        low, high, value = f.metadata.get("at_least"), f.metadata.get("at_most"), getattr(args, f.name, None)
-        if value is not None and ((low is not None and value < low) or (high is not None and value > high)):
-            bound = f"at least {low}" if high is None else f"in [{low}, {high}]"
-            raise FeedbackUsageError(f"{_flag(f.name)} must be {bound}, got {value}")
+    check_ranges(args, {**FAIRSEQ_OPTIONS_READ, **field_ranges(FeedbackConfig)})
     for name, off in UNSUPPORTED.items():
         if getattr(args, name, off) not in (off, None):
-            raise FeedbackUsageError(f"{_flag(name)} is not supported by the feedback decoder; drop it")
+            raise FeedbackUsageError(f"{flag(name)} is not supported by the feedback decoder; drop it")
     check_heads(args)
     composition_layer(args.memory_composition, args.decoder_layers)
     if args.adaptive_span_loss and not args.adaptive_span:
@@ -172,7 +178,3 @@ def check_heads(args) -> None:
     if not args.head_dim:
         raise FeedbackUsageError(f"--decoder-embed-dim {dim} is not divisible by --decoder-attention-heads {num_heads}: "
                                  "change one, or set --head-dim")
-
-
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")

@@ -19,6 +19,7 @@ it or hands it to the CUDA graphs; nothing the loop or a graph keeps holds
 the decoder.
 """
 
+import contextlib
 import functools
 import logging
 from typing import Optional
@@ -58,6 +59,21 @@ class FeedbackDecoder(MemoryDecoder):
         as on a GPU, with a stand-in for the CUDA calls, on any device
         (loop/graphed_loop.py)."""
         self.graphed = None if mode == "off" else GraphedFeedbackLoop(mode)
+
+    @property
+    def cuda_graphs_mode(self) -> str:
+        return "off" if self.graphed is None else self.graphed.mode
+
+    @contextlib.contextmanager
+    def cuda_graphs_in_mode(self, mode: str):
+        """Within, the loop runs as use_cuda_graphs(mode) says (with a cache
+        of its own), then as before, with the graphs it had."""
+        before = self.graphed
+        self.use_cuda_graphs(mode)
+        try:
+            yield
+        finally:
+            self.graphed = before
 
     def use_fused_block(self, use: bool) -> None:
         """Which loop runs the options that the fused block covers: the

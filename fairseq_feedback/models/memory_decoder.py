@@ -155,7 +155,7 @@ class MemoryDecoder(TransformerDecoderBase):
         x = self.embed(tokens, positions)
 
         if decoding is None:
-            hypotheses = self._hypotheses_per_sentence(incremental_state, encoder_out)
+            hypotheses = self._count_hypotheses_per_sentence(incremental_state, encoder_out)
             encoder_kv = self._encoder_keys_values(encoder_out, hypotheses)
             self.set_incremental_state(incremental_state, "decoding", {  # the count on the CPU, read without waiting
                 "encoder_keys_values": encoder_kv, "hypotheses_per_sentence": torch.tensor(hypotheses, device="cpu")})
@@ -214,7 +214,7 @@ class MemoryDecoder(TransformerDecoderBase):
         super().set_beam_size(beam_size)
         self.beam_size = beam_size
 
-    def _hypotheses_per_sentence(self, incremental_state, encoder_out) -> int:
+    def _count_hypotheses_per_sentence(self, incremental_state, encoder_out) -> int:
         """Beam search lays out each sentence's hypotheses as consecutive rows
         with the same source: its encoder keys/values are needed once. The beam
         size outlives the search that set it, so the layout is checked."""

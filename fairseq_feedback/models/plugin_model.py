@@ -3,7 +3,6 @@ decoder they build, and the task each goes with."""
 
 import argparse
 import os
-import pickle
 from typing import Optional
 
 from fairseq.models import ARCH_MODEL_REGISTRY
@@ -12,7 +11,7 @@ from fairseq.tasks.language_modeling import LanguageModelingTask
 from .. import checkpoint_files
 from ..cuda_graphs import GraphStatistics
 from ..errors import FeedbackUsageError
-from ..safe_checkpoints import fairseq_checkpoints_allowed, refusal
+from ..safe_checkpoints import fairseq_checkpoints_allowed
 from .feedback_decoder import FeedbackDecoder
 from .transformer_xl_decoder import TransformerXLDecoder
 
@@ -27,6 +26,8 @@ class PluginModel:
     # a language model or not: which of fairseq's kinds of task it goes with, and else what to use
     language_model: bool
     wrong_task: str
+    # fairseq's "attn" (the alignment) comes from incremental decoding alone: none when scored teacher-forced
+    aligns_as_it_decodes_only = True
 
     @classmethod
     def hub_models(cls):
@@ -37,19 +38,14 @@ class PluginModel:
         """fairseq's hub, loading under torch's weights-only rule with the classes
         fairseq stores allowed for this load alone (safe_checkpoints.py): a
         program of one's own that imports the plugin is otherwise left as it was.
-        A checkpoint that rule refuses is named without torch's advice to load
-        it with weights_only=False, which would run the code it carries."""
+        A checkpoint that rule refuses is named (checkpoint_files.read) without
+        torch's advice to load it with weights_only=False, which would run the
+        code it carries."""
         for name in checkpoint_file.split(os.pathsep):  # a file that is no checkpoint: FeedbackUsageError
             if os.path.exists(os.path.join(model_name_or_path, name)):
                 checkpoint_files.read(os.path.join(model_name_or_path, name))
         with fairseq_checkpoints_allowed():
-            try:
-                return super().from_pretrained(model_name_or_path, checkpoint_file, *args, **kwargs)
-            except pickle.UnpicklingError as e:
-                line = refusal(os.path.join(model_name_or_path, checkpoint_file), e)
-                if line is None:
-                    raise
-                raise FeedbackUsageError(line) from None  # torch's message, with its advice, is not shown
+            return super().from_pretrained(model_name_or_path, checkpoint_file, *args, **kwargs)
 
     def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
         check_dictionary_sizes(self, state_dict)

@@ -40,8 +40,8 @@ class TransformerXLDecoder(MemoryDecoder):
             x = layer.forward_memory(x, self._memory_view(layer, keys, values, len(x), span), encoder_kv[i],
                                      encoder_bias, aligned(alignment, i))
         if stream_state is not None:
-            block = torch.stack(inputs)
-            stream_state.carry(block if carried is None else torch.cat([carried, block], 1), self.span)
+            layer_inputs = torch.stack(inputs)
+            stream_state.carry(layer_inputs if carried is None else torch.cat([carried, layer_inputs], 1), self.span)
         return x
 
     @staticmethod

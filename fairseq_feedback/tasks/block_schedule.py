@@ -20,7 +20,7 @@ class BlockSchedule:
     def __init__(self, args):
         self.args, self.updates = args, 0
 
-    def block(self) -> int:
+    def block_length(self) -> int:
         """The block length of an epoch that begins now, after the updates done."""
         warmup = self._warmup()
         if warmup is not None and self.updates < getattr(self.args, "bptt_warmup_updates", 0):

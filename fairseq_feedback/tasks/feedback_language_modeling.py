@@ -26,7 +26,7 @@ byte or character (bpb, bpc) and fairseq-eval-lm says so in its result.
 import json
 import logging
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Optional
 
 from fairseq import metrics, utils
@@ -37,6 +37,7 @@ from fairseq.tasks.language_modeling import LanguageModelingConfig, LanguageMode
 
 from ..errors import FeedbackUsageError
 from ..models.feedback_lm import FeedbackLanguageModel
+from ..option_ranges import check_ranges, flag
 from .adaptive_span_loss import AdaptiveSpanLossMixin
 from .block_schedule import BlockSchedule
 from .splits import labels_dictionary, monolingual_split
@@ -48,6 +49,11 @@ TOKEN_UNIT = ChoiceEnum(BITS_PER)
 
 @dataclass
 class FeedbackLanguageModelingConfig(LanguageModelingConfig):
+    """What is known of an option is said in its field's metadata, beside its help (as the feedback
+    options', models/feedback_config.py): "at_least", the values it can take (option_ranges.py);
+    "unused", the value of an option of fairseq's that the streams take for "not used". fairseq's
+    options are said so in INHERITED. They are checked before the run (check_stream_options)."""
+
     labels: Optional[str] = field(
         default=None,
         metadata={"help": "folder inside the data directory holding an aligned target stream "
@@ -59,7 +65,7 @@ class FeedbackLanguageModelingConfig(LanguageModelingConfig):
         default=None,
         metadata={"help": "the paper's BPTT warm-up: blocks of this many tokens in the epochs that begin before "
                           "--bptt-warmup-updates updates, then --tokens-per-sample (changed only where an epoch "
-                          "begins, so every token is still scored once per epoch)"},
+                          "begins, so every token is still scored once per epoch)", "at_least": 1},
     )
     bptt_warmup_updates: int = field(default=0, metadata={"help": "see --bptt-warmup-tokens-per-sample"})
     token_unit: Optional[TOKEN_UNIT] = field(
@@ -70,9 +76,45 @@ class FeedbackLanguageModelingConfig(LanguageModelingConfig):
     )
 
 
+# fairseq's language-modelling options, in the terms of the config's own fields: the block length, and the
+# options that streams, which run across lines block after block, have no use for
+INHERITED = {
+    "tokens_per_sample": {"at_least": 1},
+    **{name: {"unused": off} for name, off in (
+        ("sample_break_mode", "none"), ("shorten_method", "none"), ("add_bos_token", False), ("self_target", False),
+        ("future_target", False), ("past_target", False), ("pad_to_fixed_length", False), ("pad_to_fixed_bsz", False))},
+}
+
+
+def check_stream_options(cfg) -> None:
+    """Silent: the task's options (its fields' metadata, and INHERITED's) and the batches of streams of
+    training (and eval-lm) and validation, from a tool's whole configuration before the run
+    (fairseq_fixes/command_line.py): fairseq would take these mistakes without a word, or the streams
+    would fail on them inside."""
+    options = {**{f.name: f.metadata for f in fields(FeedbackLanguageModelingConfig)}, **INHERITED}
+    check_ranges(cfg.task, options)
+    for name, facts in options.items():
+        if "unused" in facts and cfg.task.get(name, facts["unused"]) != facts["unused"]:
+            raise FeedbackUsageError(f"--task feedback_language_modeling does not use {flag(name)}: its streams run "
+                                     "across lines, block after block; drop the option, or use --task language_modeling")
+    block_length, warmup = cfg.task.tokens_per_sample, cfg.task.get("bptt_warmup_tokens_per_sample")
+    if (warmup is None) != (cfg.task.get("bptt_warmup_updates", 0) <= 0):
+        raise FeedbackUsageError("a BPTT warm-up needs both --bptt-warmup-tokens-per-sample (its block length) and "
+                                 "--bptt-warmup-updates (above 0: how long it lasts); give both or neither")
+    for rows_name, tokens_name in (("batch_size", "max_tokens"), ("batch_size_valid", "max_tokens_valid")):
+        rows, tokens = cfg.dataset.get(rows_name), cfg.dataset.get(tokens_name)
+        if rows is not None and rows < 1:
+            raise FeedbackUsageError(f"{flag(rows_name)} must be at least 1, got {rows}: it counts the streams "
+                                     "of a batch")
+        if tokens is not None and tokens < block_length:
+            raise FeedbackUsageError(f"{flag(tokens_name)} {tokens} holds no block of --tokens-per-sample "
+                                     f"{block_length}: raise it, or give the streams per batch with {flag(rows_name)}")
+
+
 @register_task("feedback_language_modeling", dataclass=FeedbackLanguageModelingConfig)
 class FeedbackLanguageModelingTask(AdaptiveSpanLossMixin, LanguageModelingTask):
-    """Its command line is checked by fairseq_fixes/command_line.py (blocks, batches of streams, labels)."""
+    """Its options are checked before the run by check_stream_options, its labels with the data
+    (fairseq_fixes/binarized_files.py)."""
 
     takes_model = FeedbackLanguageModel
     wrong_model = ("--task feedback_language_modeling carries each stream's memory from block to block, which only "
@@ -122,12 +164,12 @@ class FeedbackLanguageModelingTask(AdaptiveSpanLossMixin, LanguageModelingTask):
             return super().get_batch_iterator(
                 dataset, max_tokens=max_tokens, max_sentences=max_sentences, max_positions=max_positions,
                 num_shards=num_shards, shard_id=shard_id, epoch=epoch, num_workers=num_workers, **kwargs)
-        for block in self.block_schedule.lengths():
-            check_block(block, max_positions)
+        for block_length in self.block_schedule.lengths():
+            check_block(block_length, max_positions)
         rows = max_sentences or max(1, (max_tokens or self.args.tokens_per_sample) // self.args.tokens_per_sample)
 
-        def streams_in(block):
-            return dataset.blocks(block, self.source_dictionary, self.output_dictionary, self.args.ignore_label,
+        def streams_in(block_length):
+            return dataset.blocks(block_length, self.source_dictionary, self.output_dictionary, self.args.ignore_label,
                                   rows, num_shards, shard_id)
 
         return StreamBatchIterator(streams_in, rows * num_shards, self.block_schedule, num_workers=num_workers,
@@ -157,10 +199,10 @@ class FeedbackLanguageModelingTask(AdaptiveSpanLossMixin, LanguageModelingTask):
                                        num_workers=num_workers).next_epoch_itr(shuffle=False)
 
 
-def check_block(block, max_positions) -> None:
+def check_block(block_length, max_positions) -> None:
     """A block fits in the model's positions (absolute ones: relative ones set no limit)."""
-    if max_positions is not None and block > max_positions:
-        raise FeedbackUsageError(f"--tokens-per-sample {block} is longer than the model allows ({max_positions}): "
+    if max_positions is not None and block_length > max_positions:
+        raise FeedbackUsageError(f"--tokens-per-sample {block_length} is longer than the model allows ({max_positions}): "
                                  "use shorter blocks")
 
 

@@ -1,6 +1,6 @@
 """Where fairseq-preprocess puts a language-modelling split and the labels' dictionary,
 found or named in one line. (What a split holds is checked as fairseq loads it:
-fairseq_fixes/command_line.py, check_binarized.)"""
+fairseq_fixes/binarized_files.py, check_binarized.)"""
 
 import os
 

@@ -26,7 +26,7 @@ class SplitStream(FairseqDataset):
     def sizes(self):
         return self.tokens.sizes
 
-    def blocks(self, block, dictionary, output_dictionary, ignore_label, rows, num_shards, shard_id):
+    def blocks(self, block_length, dictionary, output_dictionary, ignore_label, rows, num_shards, shard_id):
         """Deals the lines into rows * num_shards contiguous streams of about
         equal length (so a stream starts at a line, whatever the block length),
         cuts each stream into blocks, and keeps this worker's streams.
@@ -41,14 +41,14 @@ class SplitStream(FairseqDataset):
         targets = np.linspace(0, cumulative[-1], num_streams + 1)[1:-1]
         bounds = [0, *np.searchsorted(cumulative, targets, side="right").tolist(), len(self.tokens)]
         lengths = [int(self.tokens.sizes[bounds[s]:bounds[s + 1]].sum()) for s in range(num_streams)]
-        asked, block = block, min(block, max(lengths))
+        asked, block_length = block_length, min(block_length, max(lengths))
         empty = lengths.count(0)
         if empty:
             logger.warning(f"{self.name}: {len(self)} lines fill {num_streams - empty} of the {num_streams} streams "
                            "asked for (--batch-size x workers); the empty ones are left out of the batches")
 
         def cut(lines, lo, hi, include_targets):
-            return TokenBlockDataset(_Lines(lines, lo, hi), lines.sizes[lo:hi], block, pad=dictionary.pad(),
+            return TokenBlockDataset(_Lines(lines, lo, hi), lines.sizes[lo:hi], block_length, pad=dictionary.pad(),
                                      eos=dictionary.eos(), break_mode="none", include_targets=include_targets)
 
         def stream(s):
@@ -62,13 +62,13 @@ class SplitStream(FairseqDataset):
         if self.labels is not None:
             no_loss = torch.tensor([output_dictionary.index(ignore_label), output_dictionary.eos()])
         mine = [s for s in range(shard_id * rows, (shard_id + 1) * rows) if lengths[s]] or [shard_id * rows]
-        steps = max(-(-length // block) for length in lengths)  # ceil
-        dataset = StreamBlockDataset(self.name, [stream(s) for s in mine], rows, steps, block, dictionary.pad(),
+        steps = max(-(-length // block_length) for length in lengths)  # ceil
+        dataset = StreamBlockDataset(self.name, [stream(s) for s in mine], rows, steps, block_length, dictionary.pad(),
                                      no_loss)
         scored = "each scored once" if self.labels is None else f"each scored once unless labelled '{ignore_label}'"
-        cut_to = f" (--tokens-per-sample {asked} cut to the longest stream)" if block < asked else ""
+        cut_to = f" (--tokens-per-sample {asked} cut to the longest stream)" if block_length < asked else ""
         dataset.summary = (f"{self.name}: {int(cumulative[-1])} tokens, {scored}, in {num_streams} streams of up to "
-                           f"{steps} blocks of {block} tokens{cut_to} ({rows} streams on this worker)")
+                           f"{steps} blocks of {block_length} tokens{cut_to} ({rows} streams on this worker)")
         return dataset
 
 
@@ -82,9 +82,9 @@ class StreamBlockDataset(FairseqDataset):
     stay in step; a stream that has ended is padding.
     """
 
-    def __init__(self, name, streams, rows, steps, block, pad, no_loss=None):
+    def __init__(self, name, streams, rows, steps, block_length, pad, no_loss=None):
         self.name, self.streams, self.rows, self.steps = name, streams, rows, steps
-        self.block, self.pad, self.no_loss = block, pad, no_loss
+        self.block_length, self.pad, self.no_loss = block_length, pad, no_loss
 
     def source_and_target(self, stream, k):
         tokens, labels = stream
@@ -99,7 +99,7 @@ class StreamBlockDataset(FairseqDataset):
         return self.steps
 
     def __getitem__(self, k):
-        sources = torch.full((len(self.streams), self.block), self.pad, dtype=torch.long)
+        sources = torch.full((len(self.streams), self.block_length), self.pad, dtype=torch.long)
         targets = torch.full_like(sources, self.pad)
         for row, stream in enumerate(self.streams):
             if k < len(stream[0]):
@@ -125,14 +125,14 @@ class StreamBlockDataset(FairseqDataset):
         }
 
     def num_tokens(self, index):
-        return len(self.streams) * self.block
+        return len(self.streams) * self.block_length
 
     def size(self, index):
-        return self.block
+        return self.block_length
 
     @property
     def sizes(self):
-        return [self.block] * self.steps
+        return [self.block_length] * self.steps
 
 
 class StreamBatchIterator(iterators.EpochBatchIterator):
@@ -147,15 +147,15 @@ class StreamBatchIterator(iterators.EpochBatchIterator):
     as the schedule says after the updates done."""
 
     def __init__(self, streams_in, streams, schedule, **kwargs):
-        self.streams_in, self.schedule = streams_in, schedule  # streams_in(block): the StreamBlockDataset
-        self.layout = {"streams": streams, "tokens_per_sample": schedule.block()}
+        self.streams_in, self.schedule = streams_in, schedule  # streams_in(block_length): the StreamBlockDataset
+        self.layout = {"streams": streams, "tokens_per_sample": schedule.block_length()}
         dataset = streams_in(self.layout["tokens_per_sample"])
         super().__init__(dataset=dataset, collate_fn=dataset.collater, batch_sampler=_each_block(dataset),
                          disable_shuffling=True, **kwargs)  # block k must follow block k-1
 
-    def _cut(self, block):
-        self.layout = {**self.layout, "tokens_per_sample": block}
-        self.dataset = self.streams_in(block)
+    def _cut(self, block_length):
+        self.layout = {**self.layout, "tokens_per_sample": block_length}
+        self.dataset = self.streams_in(block_length)
         self.collate_fn = self.dataset.collater
         self.batch_sampler = self._frozen_batches = _each_block(self.dataset)
 
@@ -179,8 +179,8 @@ class StreamBatchIterator(iterators.EpochBatchIterator):
                     f"{saved['streams']} streams (--batch-size x workers), or pass --reset-dataloader "
                     "to start the data over at epoch 1")
             self._cut(saved["tokens_per_sample"])
-        elif blocks == 0 and self.schedule.block() != self.layout["tokens_per_sample"]:
-            self._cut(self.schedule.block())
+        elif blocks == 0 and self.schedule.block_length() != self.layout["tokens_per_sample"]:
+            self._cut(self.schedule.block_length())
         super().load_state_dict(state_dict)
 
 

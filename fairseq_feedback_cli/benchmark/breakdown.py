@@ -4,7 +4,7 @@ kind, forward and backward, in the loop and per layer."""
 import torch
 
 from ..builders import make_dictionary
-from ..sizes import PRESETS
+from ..presets import PRESETS
 from .operators import counted_as_a_gpu_replays_it
 from .workloads import (build_language_model, build_translation_model, consecutive_blocks, language_model_pairs,
                         random_tokens, stream_blocks, training_step, translation_training, with_the_reference_loop)

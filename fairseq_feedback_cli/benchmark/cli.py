@@ -40,7 +40,7 @@ import torch
 from ..command_line import ArgumentParser, check_at_least, command, fail
 from ..machine import CORES, SEEDS, check_within, cores
 from ..outputs import atomic_file, check_destination
-from ..sizes import PRESETS
+from ..presets import PRESETS
 from .breakdown import BREAKDOWN_ROWS, breakdown
 from .measure import NotFinite
 from .tables import language_model, translation

@@ -33,21 +33,13 @@ def graphs_run(device: torch.device, cuda_graphs: str) -> bool:
     return cuda_graphs == "emulate" or (cuda_graphs == "auto" and device.type == "cuda")
 
 
-@contextlib.contextmanager
 def feedback_loop_in_mode(model, mode: str):
     """Within, a feedback decoder's loop runs as --cuda-graphs `mode` says
     ("off", "emulate"; a cache of its own), then as before. Other models
     run as they are."""
-    decoder = model.decoder
-    if not isinstance(decoder, FeedbackDecoder):
-        yield
-        return
-    before = decoder.graphed
-    decoder.use_cuda_graphs(mode)
-    try:
-        yield
-    finally:
-        decoder.graphed = before
+    if not isinstance(model.decoder, FeedbackDecoder):
+        return contextlib.nullcontext()
+    return model.decoder.cuda_graphs_in_mode(mode)
 
 
 def loop_as_a_gpu_replays_it(model):
@@ -57,10 +49,9 @@ def loop_as_a_gpu_replays_it(model):
     CPU, the operators a GPU would replay rather than those of the eager
     loop. A model with graphs off, or already through the stand-in, runs as
     it is."""
-    graphed = getattr(model.decoder, "graphed", None)
-    if graphed is None or graphed.mode != "auto":
+    if not isinstance(model.decoder, FeedbackDecoder) or model.decoder.cuda_graphs_mode != "auto":
         return contextlib.nullcontext()
-    return feedback_loop_in_mode(model, "emulate")
+    return model.decoder.cuda_graphs_in_mode("emulate")
 
 
 def graphs_state(model) -> Optional[tuple]:

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from fairseq_feedback_cli.command_line import ArgumentParser, command, fail, stop_on_sigterm
+from fairseq_feedback_cli.command_line import ArgumentParser, command, fail
 from fairseq_feedback_cli.machine import CORES, check_within, cores
 from fairseq_feedback_cli.outputs import check_destination
 
@@ -16,7 +16,6 @@ def log(message: str) -> None:
 
 
 def run_cli(main: Callable[[], None]) -> None:
-    stop_on_sigterm()  # fairseq-preprocess, tokenizers and partial folders end with the script
     command(main, interrupted="rerun the same command to resume")()
 
 

@@ -1,6 +1,6 @@
 """The sizes each step of feedback-gpu-check runs at (--size: full on a GPU, tiny on the CPU) and
 the tolerance of the losses with graphs against without. The benchmark's presets, which steps
-3a-3c run at, are fairseq_feedback_cli/sizes.py's."""
+3a-3c run at, are fairseq_feedback_cli/presets.py's."""
 
 from typing import List
 

@@ -7,7 +7,7 @@ import os
 import re
 from typing import Dict, List
 
-from ..sizes import PRESETS
+from ..presets import PRESETS
 from .check import NOT_MEASURED, PLUGIN, Check, Command, Outcome, StepFailed, read
 from .corpora import text_corpus
 from .training import graphs_in

@@ -1,6 +1,7 @@
 """Table 1's metrics of the toy tasks (Fan et al. 2020), as the generator writes the labels
 (fairseq_feedback_cli/data_prep/toy_tasks.py) and feedback-evaluate-toy, the demo and the
-learning curves score them. Imports nothing else of this project: both sides share it."""
+learning curves score them. Imports nothing else of this project: the tools and the data script
+share it."""
 
 NO_LOSS = "_"  # the label of a position the model is not asked about
 

@@ -4,7 +4,7 @@
         [--split test] [--raw RAW/test.labels] [--output PRED] [--batch-size N] [--json]
     feedback-evaluate-toy --task random_walk --predictions PRED --raw RAW/test.labels
 
-(or `python -m fairseq_feedback_cli.evaluate_toy`, without installing the package).
+(or `python -m fairseq_feedback_cli.toy.evaluate`, without installing the package).
 
 DATA is the data directory the model was trained on (fairseq-preprocess
 --only-source of the inputs, with the labels binarized into DATA/labels, or the
@@ -18,7 +18,7 @@ split's labels (the end-of-line position carries no label and gets none).
 The predictions file (by default CKPT without .pt, then .SPLIT.predictions)
 appears complete or not at all.
 
-The metrics are fairseq_feedback_cli.toy_scoring.score's: token accuracy over the labelled
+The metrics are scoring.score's: token accuracy over the labelled
 positions (`_` carries no label) and the share of episodes whose labelled
 positions are all right: char/seq accuracy for copy, reverse and counting,
 acc/episode_acc for random_walk and algorithmic. They are scored against the
@@ -32,11 +32,11 @@ import os
 
 from fairseq_feedback.fairseq_fixes.one_line import one_line
 
-from .command_line import ArgumentParser, check_at_least, command, fail, quiet
-from .machine import check_within, in_memory
-from .outputs import check_destination
-from .toy_evaluation import default_output, evaluate, score_files
-from .toy_scoring import METRICS
+from ..command_line import ArgumentParser, check_at_least, command, fail, quiet
+from ..machine import check_within, in_memory
+from ..outputs import check_destination
+from .predictions import default_output, evaluate, score_files
+from .scoring import METRICS
 
 
 def build_parser():

@@ -1,6 +1,6 @@
-"""A toy-task checkpoint evaluated as feedback-evaluate-toy describes it (evaluate_toy.py): the
+"""A toy-task checkpoint's predictions, as feedback-evaluate-toy describes them (evaluate.py): the
 split streamed through the task's batch iterator, the argmax label at every position, Table 1's
-metrics (toy_scoring.py). For feedback-evaluate-toy and the demo."""
+metrics (scoring.py). For feedback-evaluate-toy and the demo."""
 
 import itertools
 import os
@@ -10,9 +10,9 @@ import torch
 from fairseq_feedback import checkpoint_files
 from fairseq_feedback.safe_checkpoints import allow_fairseq_checkpoints
 
-from .command_line import fail
-from .outputs import atomic_file
-from .toy_scoring import METRICS, NO_LOSS, score
+from ..command_line import fail
+from ..outputs import atomic_file
+from .scoring import METRICS, NO_LOSS, score
 
 TASK = "feedback_language_modeling"
 
