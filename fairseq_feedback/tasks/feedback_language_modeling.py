@@ -17,7 +17,9 @@ next token: at each input position, the label at that position (the paper's
 algorithmic tasks, where the input holds actions and the labels positions).
 
 With --bptt-warmup-tokens-per-sample the blocks are shorter for the epochs
-that begin in the first --bptt-warmup-updates updates (block_schedule.py).
+that begin in the first --bptt-warmup-updates updates (block_schedule.py);
+with --random-epoch-offset each training epoch starts its streams at a
+random token under one block (streams.py).
 On character-level data (--token-unit, or the unit the data_prep scripts
 record in DATA/data_prep.json) fairseq-train also logs the loss as bits per
 byte or character (bpb, bpc) and fairseq-eval-lm says so in its result.
@@ -62,6 +64,13 @@ class FeedbackLanguageModelingConfig(LanguageModelingConfig):
                           "begins, so every token is still scored once per epoch)"},
     )
     bptt_warmup_updates: int = field(default=0, metadata={"help": "see --bptt-warmup-tokens-per-sample"})
+    random_epoch_offset: bool = field(
+        default=False,
+        metadata={"help": "read the streams of each training epoch from a random token under one block on (drawn "
+                          "from --seed and the epoch, the memory empty there), as the paper's authors train: the "
+                          "blocks differ from epoch to epoch, and up to a block of each stream is left out of an "
+                          "epoch; validation and fairseq-eval-lm still score every token once"},
+    )
     token_unit: Optional[TOKEN_UNIT] = field(
         default=None,
         metadata={"help": "what a token of the data is, 'byte' or 'character': the loss is then also reported in "
@@ -126,12 +135,13 @@ class FeedbackLanguageModelingTask(AdaptiveSpanLossMixin, LanguageModelingTask):
             check_block(block, max_positions)
         rows = max_sentences or max(1, (max_tokens or self.args.tokens_per_sample) // self.args.tokens_per_sample)
 
-        def streams_in(block):
+        def streams_in(block, offset):
             return dataset.blocks(block, self.source_dictionary, self.output_dictionary, self.args.ignore_label,
-                                  rows, num_shards, shard_id)
+                                  rows, num_shards, shard_id, offset)
 
-        return StreamBatchIterator(streams_in, rows * num_shards, self.block_schedule, num_workers=num_workers,
-                                   epoch=epoch)
+        return StreamBatchIterator(streams_in, rows * num_shards, self.block_schedule,
+                                   random_offsets=getattr(self.args, "random_epoch_offset", False),
+                                   seed=self.args.seed, num_workers=num_workers, epoch=epoch)
 
     def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
         self.block_schedule.updates = update_num + 1  # done once this step is, when the next epoch is cut
