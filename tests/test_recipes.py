@@ -504,3 +504,15 @@ def test_each_recipe_readme_shows_numbers_and_data_decisions():
         text = (REPO / "examples" / name / "README.md").read_text()
         for needed in ("paper", "fairseq", "data_prep"):
             assert needed in text, f"examples/{name}/README.md does not mention {needed}"
+
+
+@pytest.mark.parametrize("arch", [*TABLE9_CHARACTERS, *TABLE9, TABLE9_TOY["arch"]])
+def test_each_language_model_drops_out_where_table9_and_the_authors_code_do(arch):
+    """The architectures' own dropout, which every recipe of them trains with: Table 9's rate on the attention
+    probabilities and the feed-forward hidden layer, the WikiText-103 models' embedding dropout, nothing else."""
+    paper = {**TABLE9_CHARACTERS, **TABLE9, TABLE9_TOY["arch"]: TABLE9_TOY}[arch]
+    args = parsed_train_args({"written": ["data", "--user-dir", PLUGIN, "--task", "feedback_language_modeling",
+                                          "--arch", arch]})
+    dropout = {name: value for name, value in paper.items() if name.endswith("dropout")}
+    assert {name: getattr(args, name) for name in dropout} == dropout
+    assert dropout["dropout"] == 0 and dropout["attention_dropout"] == dropout["activation_dropout"] > 0

@@ -66,15 +66,15 @@ TOY_EVAL_EVERY=${TOY_EVAL_EVERY:-500}
 TOY_EPISODES=${TOY_EPISODES:-"--train 10000 --valid 1000 --test 1000"}
 TOY_SIZES=${TOY_SIZES:-"--decoder-layers 4 --decoder-embed-dim 128 --decoder-ffn-embed-dim 512
     --decoder-attention-heads 4 --memory-span 100"}
-TOY_TRAIN=${TOY_TRAIN:-"--dropout 0.0 --tokens-per-sample 64 --batch-size 32 --optimizer adam --lr 0.001
-    --lr-scheduler fixed --warmup-updates 100 --clip-norm 0.1"}
+TOY_TRAIN=${TOY_TRAIN:-"--dropout 0.0 --attention-dropout 0 --activation-dropout 0 --tokens-per-sample 64
+    --batch-size 32 --optimizer adam --lr 0.001 --lr-scheduler fixed --warmup-updates 100 --clip-norm 0.1"}
 WALK_UPDATES=${WALK_UPDATES:-1200}
 WALK_EVAL_EVERY=${WALK_EVAL_EVERY:-300}
 WALK_EPISODES=${WALK_EPISODES:-"--grid-size 4 --episode-length 30 --train 10000 --valid 100 --test 500"}
 WALK_SIZES=${WALK_SIZES:-"--decoder-layers 2 --decoder-embed-dim 128 --decoder-ffn-embed-dim 512
     --decoder-attention-heads 4 --memory-span 32"}
-WALK_TRAIN=${WALK_TRAIN:-"--dropout 0.0 --tokens-per-sample 64 --batch-size 32 --optimizer adam --lr 0.001
-    --lr-scheduler fixed --warmup-updates 50 --clip-norm 0.1"}
+WALK_TRAIN=${WALK_TRAIN:-"--dropout 0.0 --attention-dropout 0 --activation-dropout 0 --tokens-per-sample 64
+    --batch-size 32 --optimizer adam --lr 0.001 --lr-scheduler fixed --warmup-updates 50 --clip-norm 0.1"}
 
 COMMON=(--user-dir "$PLUGIN" --cpu --num-workers 0 --log-format json --log-interval 25)
 
