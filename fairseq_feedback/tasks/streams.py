@@ -52,17 +52,18 @@ class SplitStream(FairseqDataset):
             logger.warning(f"{self.name}: {len(self)} lines fill {num_streams - empty} of the {num_streams} streams "
                            "asked for (--batch-size x workers); the empty ones are left out of the batches")
 
-        def cut(lines, include_targets):
+        def cut(lines):
             return TokenBlockDataset(lines, lines.sizes, block, pad=dictionary.pad(), eos=dictionary.eos(),
-                                     break_mode="none", include_targets=include_targets)
+                                     break_mode="none", include_targets=False)
 
         def stream(s):
             if not lengths[s]:  # more streams than lines, or than the offset leaves
                 return (), None, None
             tokens = _Lines(self.tokens, bounds[s], bounds[s + 1], offset)
             if self.labels is not None:
-                return cut(tokens, False), cut(_Lines(self.labels, bounds[s], bounds[s + 1], offset), False), None
-            return cut(tokens, True), None, tokens.previous
+                return cut(tokens), cut(_Lines(self.labels, bounds[s], bounds[s + 1], offset)), None
+            first_input = tokens.previous if tokens.previous is not None else torch.tensor([dictionary.eos()])
+            return cut(tokens), None, first_input
 
         no_loss = None
         if self.labels is not None:
@@ -86,10 +87,11 @@ class StreamBlockDataset(FairseqDataset):
 
     `streams` holds this worker's streams, each a list of blocks (fairseq's
     TokenBlockDataset over its lines, and over its labels), of the `rows`
-    it was dealt (those with lines), and the token before its first block
-    where that is not the end of a line (a stream read from an offset). Every worker takes `steps` steps, the
-    length of the longest stream of all workers, so that distributed workers
-    stay in step; a stream that has ended is padding.
+    it was dealt (those with lines), and the input before its first token:
+    the end-of-line token where a stream starts, or the token before the
+    offset it is read from. Every worker takes `steps` steps, the length of
+    the longest stream of all workers, so that distributed workers stay in
+    step; a stream that has ended is padding.
     """
 
     def __init__(self, name, streams, rows, steps, block, pad, no_loss=None):
@@ -97,12 +99,13 @@ class StreamBlockDataset(FairseqDataset):
         self.block, self.pad, self.no_loss = block, pad, no_loss
 
     def source_and_target(self, stream, k):
-        tokens, labels, previous = stream
-        if labels is None:  # the input is the stream shifted right by one token
-            source, target, _ = tokens[k]
-            if k == 0 and previous is not None:  # TokenBlockDataset starts it with an end of line
-                source = torch.cat([previous.view(1), source[1:]])
-            return source, target
+        tokens, labels, first_input = stream
+        if labels is None:
+            # the input is the stream shifted right by one token: what TokenBlockDataset's include_targets
+            # gives where every line ends with an end of line, and right too where none does (enwik8 as
+            # published, prepare_enwik8 --no-newlines), where that would start each line with one
+            target = tokens[k]
+            return torch.cat([first_input if k == 0 else tokens[k - 1][-1:], target[:-1]]), target
         target = labels[k].clone()
         target[torch.isin(target, self.no_loss)] = self.pad
         return tokens[k], target
@@ -224,17 +227,21 @@ def _describe(layout):
 
 class _Lines:
     """Lines lo..hi-1 of a dataset of lines, less their first `skip` tokens
-    (there must be more); `previous` is the token before those left where
-    that is not the end of a line, else None."""
+    (there must be more); `previous` is the token before those left, as a
+    tensor of one (None where skip is 0)."""
 
     def __init__(self, lines, lo, hi, skip=0):
         sizes = lines.sizes[lo:hi]
-        first = int(np.searchsorted(np.cumsum(sizes), skip, side="right"))  # the line of token `skip`
+        ends = np.cumsum(sizes)
+        first = int(np.searchsorted(ends, skip, side="right"))  # the line of token `skip`
         self.lines, self.lo, self.hi = lines, lo + first, hi
-        self.cut = skip - int(sizes[:first].sum())  # tokens of that line left out
+        self.cut = skip - int(ends[first - 1] if first else 0)  # tokens of that line left out
         self.sizes = sizes[first:].copy()
         self.sizes[0] -= self.cut
-        self.previous = lines[self.lo][self.cut - 1] if self.cut else None
+        self.previous = None
+        if skip:
+            line = int(np.searchsorted(ends, skip - 1, side="right"))
+            self.previous = lines[lo + line][skip - 1 - int(ends[line - 1] if line else 0)].view(1)
 
     def __len__(self):
         return self.hi - self.lo
