@@ -95,17 +95,22 @@ def dest_is_done(dest: Path, settings: dict) -> bool:
 
 
 def binarize(dest: Path, settings: dict, preprocess_args: List[str], workers: int,
-             extra_files: Sequence[Path] = (), check: Optional[Callable[[Path], None]] = None) -> None:
-    """Run fairseq-preprocess into a folder that becomes dest when complete
-    (and, given `check`, when check(folder) found what it made right)."""
+             extra_files: Sequence[Path] = (), check: Optional[Callable[[Path], None]] = None,
+             binarizer: Optional[Callable[[Path], None]] = None) -> None:
+    """Run fairseq-preprocess (or binarizer(folder), which writes what it
+    would) into a folder that becomes dest when complete (and, given `check`,
+    when check(folder) found what it made right)."""
     with atomic_folder(dest) as tmp:
-        # the same interpreter as ours, so the fairseq we were installed with
-        cmd = [sys.executable, "-m", "fairseq_cli.preprocess", *preprocess_args,
-               "--destdir", str(tmp), "--workers", str(workers)]
-        log("running fairseq-preprocess ...")
-        rc = subprocess.run(cmd).returncode
-        if rc != 0:
-            fail(f"fairseq-preprocess failed with exit status {rc} (its messages are above)")
+        if binarizer is not None:
+            binarizer(tmp)
+        else:
+            # the same interpreter as ours, so the fairseq we were installed with
+            cmd = [sys.executable, "-m", "fairseq_cli.preprocess", *preprocess_args,
+                   "--destdir", str(tmp), "--workers", str(workers)]
+            log("running fairseq-preprocess ...")
+            rc = subprocess.run(cmd).returncode
+            if rc != 0:
+                fail(f"fairseq-preprocess failed with exit status {rc} (its messages are above)")
         if check is not None:
             check(tmp)
         for f in extra_files:
