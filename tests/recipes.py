@@ -178,7 +178,7 @@ RECIPES = {
                one_worker(overrides(CHAR_TINY, **{"--batch-size": 4, "--tokens-per-sample": 32, "--warmup-updates": 2,
                                                   "--validate-interval-updates": 5, "--save-interval-updates": 5})),
                paper={"feedback_lm_char_ptb": TABLE9_CHARACTERS["feedback_lm_char_ptb"]}, streams_per_update=2048,
-               finetunes="--lr 0.00015 --max-update 16000"),
+               finetunes="--lr 0.00015 --warmup-updates 0 --max-update 1000"),
         Recipe("debian_de_en", fx.write_debian_de_en, [_prepare("prepare_debian_de_en")],
                overrides(TRANSLATION_TINY, **{"--max-tokens": 4096}),
                paper={"feedback_transformer_iwslt_de_en": IWSLT_BUT_DEPTH, "transformer_iwslt_de_en": IWSLT_BUT_DEPTH},

@@ -166,8 +166,10 @@ def check_paper_hyperparameters(run: Run):
         args = parsed_train_args(call)
         archs.add(args.arch)
         paper = run.recipe.paper.get(args.arch, {})
-        if "continued" in call and "lr" in paper:
+        if ("continued" in call or args.finetune_from_model) and "lr" in paper:
             paper = dict(paper, lr=[pytest.approx(lr / 10) for lr in paper["lr"]])
+        if args.finetune_from_model:  # a new run from the trained weights, at the finetuning's rate from the first
+            paper = dict(paper, warmup_updates=0)
         for name, expected in paper.items():
             assert getattr(args, name) == expected, f"{args.arch}: --{name.replace('_', '-')} is " \
                                                     f"{getattr(args, name)}, the paper's {expected}"
@@ -324,6 +326,28 @@ def check_finetuned(run: Run, trains, output, models):
         assert {float(x) for x in re.findall(r"\blr[= ]([\d.e+-]+)", log)} == {float(lr)}, log[-2000:]
 
 
+def check_finetuned_from_best(run: Run, trains, output, models):
+    """char-PTB's rule (appendix): training stops when the validation loss stops decreasing (fairseq's
+    --patience), and each model is finetuned from its lowest validation loss (checkpoint_best.pt) in a run of its
+    own, --lr, --warmup-updates, --max-update, --finetune-from-model and --save-dir the only options changed."""
+    lr, warmup, max_update = re.fullmatch(r"--lr (\S+) --warmup-updates (\d+) --max-update (\d+)",
+                                          run.recipe.finetunes).groups()
+    finetunes = [c for c in trains if parsed_train_args(c).finetune_from_model]
+    assert sorted(Path(parsed_train_args(c).save_dir).name for c in finetunes) == [f"{m}_finetuned" for m in models]
+    for finetune in finetunes:
+        args = parsed_train_args(finetune)
+        best = Path(args.finetune_from_model)
+        assert best.name == "checkpoint_best.pt" and "continued" not in finetune, finetune["written"]
+        training = [c for c in trains[:trains.index(finetune)] if Path(parsed_train_args(c).save_dir) == best.parent][-1]
+        trained = vars(parsed_train_args(training))
+        assert trained["patience"] > 0 and not trained["finetune_from_model"]
+        assert {k for k, v in vars(args).items() if v != trained[k]} == {
+            "lr", "warmup_updates", "max_update", "finetune_from_model", "save_dir"}, finetune["written"]
+        assert (args.lr, args.warmup_updates, args.max_update) == ([float(lr)], int(warmup), int(max_update))
+        assert trained["lr"] == [pytest.approx(10 * float(lr))]
+        assert f"loading pretrained model from {best}" in output
+
+
 # each ablation's --save-dir: its architecture, and how its options differ from its recipe's model of that
 # architecture (the paper's, Table 9)
 FIXED_SPAN = dict(adaptive_span=False, memory_span=512, adaptive_span_loss=0.0)  # Table 9's "512, 2048*"
@@ -402,11 +426,15 @@ def test_enwik8_recipe(runs, name):
     assert {(a.arch, a.no_feedback) for a in map(parsed_train_args, trains)} == {
         ("feedback_lm_enwik8", False), ("feedback_lm_enwik8", True)}  # the paper's model, and its Transformer
     check_finetuned(run, trains, output, ["feedback", "transformer"])
-    # the BPTT warm-up: each training's first epoch in the stand-in's short blocks, every later one in the long
-    epochs = re.findall(r"train: \d+ tokens, each scored once, in 32 streams of up to \d+ blocks of (\d+) tokens", output)
+    # the BPTT warm-up: each training's first epoch in the stand-in's short blocks, every later one in the long,
+    # each from a random offset (--random-epoch-offset)
+    epochs = re.findall(r"train: (?:\d+ tokens, each scored once|\d+ of its \d+ tokens \(each stream from its token "
+                        r"\d+ on\)), in 32 streams of up to \d+ blocks of (\d+) tokens", output)
+    assert "each stream from its token" in output
     assert re.fullmatch(r"(S+L+){2}L*", "".join({"32": "S", "64": "L"}[n] for n in epochs)), epochs
-    # every test byte scored once, and the end of the last line, which ends without a newline
-    assert len(re.findall(rf"Evaluated {ENWIK8_SIZES['HELD_OUT']['test'] + 1} tokens", output)) == 2
+    # every test byte but the newlines scored once (the published convention: prepare_enwik8 --no-newlines)
+    test_bytes = fx.enwik8_bytes()[-ENWIK8_SIZES["HELD_OUT"]["test"]:]
+    assert len(re.findall(rf"Evaluated {len(test_bytes) - test_bytes.count(10)} tokens", output)) == 2
     assert len(re.findall(r"Loss \(base 2\): [\d.]+ bits per byte, Perplexity", output)) == 2
 
 
@@ -417,7 +445,7 @@ def test_char_ptb_recipe(runs, name):
     trains = check_paper_hyperparameters(run)
     assert {(a.arch, a.no_feedback) for a in map(parsed_train_args, trains)} == {
         ("feedback_lm_char_ptb", False), ("feedback_lm_char_ptb", True)}
-    check_finetuned(run, trains, output, ["feedback", "transformer"])
+    check_finetuned_from_best(run, trains, output, ["feedback", "transformer"])
     test_tokens = sum(len(line.split()) + 1 for line in fx.char_ptb_lines()["test"])
     assert len(re.findall(rf"Evaluated {test_tokens} tokens", output)) == 2
     assert len(re.findall(r"Loss \(base 2\): [\d.]+ bits per character, Perplexity", output)) == 2
