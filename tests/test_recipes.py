@@ -351,12 +351,14 @@ def check_finetuned_from_best(run: Run, trains, output, models):
 # each ablation's --save-dir: its architecture, and how its options differ from its recipe's model of that
 # architecture (the paper's, Table 9)
 FIXED_SPAN = dict(adaptive_span=False, memory_span=512, adaptive_span_loss=0.0)  # Table 9's "512, 2048*"
+# Figure 9's FFN per depth: 1,536 x 6 / depth, less what the wider heads' relative-position table adds
+FIGURE9_FFN = {1: 8912, 2: 4552, 4: 2296, 6: 1536, 8: 1152}
 CHAR_PTB_ABLATIONS = {
     **{f"memory_{c.replace(':', '')}": dict(memory_composition=c)  # Figures 5 and 8
        for c in ("weighted", "top", "average", "layer:0", "layer:1", "layer:2", "layer:3", "layer:4", "layer:5")},
     "transformer_char_ptb": dict(no_feedback=True),
-    # Figure 9: the 6-layer model's head dimension and FFN times 6 / depth
-    **{f"depth{n}_{model}": dict(decoder_layers=n, head_dim=96 * 6 // n, decoder_ffn_embed_dim=1536 * 6 // n,
+    # Figure 9: the 6-layer model's head dimension times 6 / depth, its FFN such that the parameters stay
+    **{f"depth{n}_{model}": dict(decoder_layers=n, head_dim=96 * 6 // n, decoder_ffn_embed_dim=FIGURE9_FFN[n],
                                  no_feedback=model == "transformer")
        for n in (1, 2, 4, 6, 8) for model in ("feedback", "transformer")},
 }
@@ -544,3 +546,31 @@ def test_each_language_model_drops_out_where_table9_and_the_authors_code_do(arch
     dropout = {name: value for name, value in paper.items() if name.endswith("dropout")}
     assert {name: getattr(args, name) for name in dropout} == dropout
     assert dropout["dropout"] == 0 and dropout["attention_dropout"] == dropout["activation_dropout"] > 0
+
+
+@pytest.mark.parametrize("no_feedback", [False, True], ids=["feedback", "transformer"])
+def test_figure9s_depths_have_the_parameters_of_the_six_layer_model(no_feedback):
+    """"We keep the total number of parameters constant" (Figure 9): every depth of the ablations' char-PTB sweep
+    within 0.1% of the 6-layer model, on char-PTB's 50 symbols."""
+    from fairseq.data import Dictionary
+
+    from fairseq_feedback.models.feedback_lm import FeedbackLanguageModel
+    from fairseq_feedback.tasks import FeedbackLanguageModelingTask
+
+    dictionary = Dictionary()
+    for i in range(50):
+        dictionary.add_symbol(f"c{i}")
+
+    def parameters(layers):
+        args = parsed_train_args({"written": [
+            "data", "--user-dir", PLUGIN, "--task", "feedback_language_modeling", "--arch", "feedback_lm_char_ptb",
+            "--decoder-layers", str(layers), "--head-dim", str(96 * 6 // layers),
+            "--decoder-ffn-embed-dim", str(FIGURE9_FFN[layers]), *(["--no-feedback"] if no_feedback else [])]})
+        with torch.device("meta"):  # counted, not initialised
+            model = FeedbackLanguageModel.build_model(args, FeedbackLanguageModelingTask(args, dictionary))
+        return sum(p.numel() for p in model.parameters())
+
+    base = parameters(6)
+    assert base == pytest.approx(10.74e6, rel=1e-3)  # Table 9's 10.7M
+    for layers in FIGURE9_FFN:
+        assert parameters(layers) == pytest.approx(base, rel=1e-3), layers
