@@ -22,7 +22,9 @@ with --random-epoch-offset each training epoch starts its streams at a
 random token under one block (streams.py).
 On character-level data (--token-unit, or the unit the data_prep scripts
 record in DATA/data_prep.json) fairseq-train also logs the loss as bits per
-byte or character (bpb, bpc) and fairseq-eval-lm says so in its result.
+byte or character (bpb, bpc) and fairseq-eval-lm says so in its result, with
+the convention of the newlines where the data records one (prepare_enwik8:
+enwik8's published numbers leave them out).
 """
 
 import json
@@ -46,6 +48,9 @@ from .streams import SplitStream, StreamBatchIterator
 
 BITS_PER = {"byte": "bpb", "character": "bpc"}  # the names the field reports them by
 TOKEN_UNIT = ChoiceEnum(BITS_PER)
+# data_prep.json's "newlines" (prepare_enwik8): which bytes the bits are over, said beside every printed number,
+# since enwik8's published numbers leave the newlines out and the two do not compare
+NEWLINES = {True: "each newline a scored token", False: "the newlines not scored"}
 
 
 @dataclass
@@ -91,7 +96,9 @@ class FeedbackLanguageModelingTask(AdaptiveSpanLossMixin, LanguageModelingTask):
     def __init__(self, args, dictionary, output_dictionary=None, targets=None):
         super().__init__(args, dictionary, output_dictionary, targets)
         self.block_schedule = BlockSchedule(args)
-        self.token_unit = getattr(args, "token_unit", None) or recorded_unit(args.data)
+        recorded = recorded_settings(args.data)
+        self.token_unit = getattr(args, "token_unit", None) or recorded.get("unit")
+        self.newlines = recorded.get("newlines")
 
     @classmethod
     def setup_dictionary(cls, args, **kwargs):
@@ -161,7 +168,7 @@ class FeedbackLanguageModelingTask(AdaptiveSpanLossMixin, LanguageModelingTask):
         if self.args.labels:
             raise FeedbackUsageError("fairseq-eval-lm scores next-token prediction; drop --labels")
         if self.token_unit:
-            _say_bits_per(self.token_unit)
+            _say_bits_per(f"{self.token_unit}" + (f" ({NEWLINES[self.newlines]})" if self.newlines is not None else ""))
         return self.get_batch_iterator(dataset, max_tokens=max_tokens, max_sentences=batch_size,
                                        max_positions=max_positions, num_shards=num_shards, shard_id=shard_id,
                                        num_workers=num_workers).next_epoch_itr(shuffle=False)
@@ -174,13 +181,13 @@ def check_block(block, max_positions) -> None:
                                  "use shorter blocks")
 
 
-def recorded_unit(data: str) -> Optional[str]:
-    """The unit of a token a data_prep script recorded with the data (None: none recorded)."""
+def recorded_settings(data: str) -> dict:
+    """What a data_prep script recorded with the data (its unit of a token, its newlines; empty: nothing)."""
     settings = os.path.join(utils.split_paths(data)[0], "data_prep.json")
     if not os.path.isfile(settings):
-        return None
+        return {}
     with open(settings) as f:
-        return json.load(f).get("unit")
+        return json.load(f)
 
 
 class _BitsPer(logging.Filter):
@@ -199,7 +206,7 @@ class _BitsPer(logging.Filter):
 
 
 def _say_bits_per(unit):
-    """The unit of this evaluation (an earlier one in the same process may have had another)."""
+    """The unit (and convention) of this evaluation (an earlier one in the same process may have had another)."""
     log = logging.getLogger("fairseq_cli.eval_lm")
     for earlier in [f for f in log.filters if isinstance(f, _BitsPer)]:
         log.removeFilter(earlier)

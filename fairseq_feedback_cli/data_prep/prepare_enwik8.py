@@ -78,9 +78,11 @@ def main(argv=None) -> None:
     binarize_characters(args.dest, settings, {name: text / f"{name}.txt" for name in counts}, text / "dict.txt",
                         args.workers, {name: c["tokens"] for name, c in counts.items()},
                         extra_files=[text / "counts.json"], newlines=not args.no_newlines)
+    newlines = ", ".join(f"{c['newlines']:,}" for c in counts.values())
     log("bytes: " + ", ".join(f"{name} {c['bytes']:,}" for name, c in counts.items())
-        + (", without their newlines (" + ", ".join(f"{c['newlines']:,}" for c in counts.values()) + ")"
-           if args.no_newlines else "") + " (the published split: examples/enwik8/README.md)")
+        + (f", without their newlines ({newlines}): the convention of the published numbers" if args.no_newlines else
+           f", each newline a token ({newlines}): not the convention of the published numbers, which leave the "
+           "newlines out (--no-newlines)") + " (the published split: examples/enwik8/README.md)")
 
 
 if __name__ == "__main__":
