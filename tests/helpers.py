@@ -311,7 +311,7 @@ def preprocess_translation(corpus, dest):
 TOY_SIZES = {"train": 24, "valid": 4, "test": 7}
 TOY_MODEL = ["--arch", "feedback_lm_toy", "--decoder-layers", "2", "--decoder-embed-dim", "16",
              "--decoder-ffn-embed-dim", "32", "--decoder-attention-heads", "2", "--memory-span", "16", "--dropout",
-             "0"]
+             "0", "--attention-dropout", "0", "--activation-dropout", "0"]
 
 
 def train_toy_model(root):

@@ -100,26 +100,38 @@ TABLE8 = {
 }
 # the Debian de-en recipe: Table 8's IWSLT sizes for both models, decoders of 1, 2 and 6 layers
 IWSLT_BUT_DEPTH = {k: v for k, v in TABLE8["feedback_transformer_iwslt_de_en"].items() if k != "decoder_layers"}
+
+
+# Table 9's "Dropout rate" drops "attention and ReLU activations" (appendix 7.6; the authors' --dropout, "dropout
+# rate of ReLU and attention"), nothing else; the WikiText-103 models' "Embed. dropout" the embeddings and the
+# top layer's output
+def table9_dropout(rate, embeddings=0.0):
+    return dict(dropout=0.0, attention_dropout=rate, activation_dropout=rate, emb_dropout=embeddings,
+                adaptive_softmax_dropout=0)
+
+
 TABLE9_TOY = dict(arch="feedback_lm_toy", decoder_embed_dim=256, decoder_ffn_embed_dim=1024, decoder_attention_heads=4,
-                  memory_span=100, dropout=0.2, tokens_per_sample=64, batch_size=512, lr=[0.0001], clip_norm=0.1,
-                  warmup_updates=1000, optimizer="adam", lr_scheduler="fixed", decoder_normalize_before=True,
-                  relative_positions=True, labels="labels")
+                  memory_span=100, **table9_dropout(0.2), tokens_per_sample=64, batch_size=512, lr=[0.0001],
+                  clip_norm=0.1, warmup_updates=1000, optimizer="adam", lr_scheduler="fixed",
+                  decoder_normalize_before=True, relative_positions=True, labels="labels")
 TABLE9_CHARACTERS = {
     "feedback_lm_enwik8": dict(decoder_layers=12, decoder_embed_dim=512, decoder_ffn_embed_dim=4096,
                                decoder_attention_heads=8, head_dim=128, memory_span=8192, adaptive_span=True,
-                               adaptive_span_loss=5e-7, dropout=0.5, per_layer_kv=True, tokens_per_sample=128,
+                               adaptive_span_loss=5e-7, **table9_dropout(0.5), per_layer_kv=True, tokens_per_sample=128,
                                bptt_warmup_tokens_per_sample=64, bptt_warmup_updates=50000, lr=[0.0015],
                                clip_norm=0.1, warmup_updates=8000),
     "feedback_lm_char_ptb": dict(decoder_layers=6, decoder_embed_dim=384, decoder_ffn_embed_dim=1536,
-                                 decoder_attention_heads=4, memory_span=512, dropout=0.5, per_layer_kv=True,
+                                 decoder_attention_heads=4, memory_span=512, **table9_dropout(0.5), per_layer_kv=True,
                                  tokens_per_sample=128, lr=[0.0015], clip_norm=1.0, warmup_updates=1000),
 }
 TABLE9 = {
     "feedback_lm_wiki103": dict(decoder_layers=4, decoder_embed_dim=512, decoder_ffn_embed_dim=4096,
-                                decoder_attention_heads=8, head_dim=128, memory_span=512, dropout=0.1,
+                                decoder_attention_heads=8, head_dim=128, memory_span=512,
+                                **table9_dropout(0.1, embeddings=0.1),
                                 tokens_per_sample=256, lr=[0.0007], clip_norm=0.1, warmup_updates=8000),
     "feedback_lm_wiki103_large": dict(decoder_layers=8, decoder_embed_dim=1024, decoder_ffn_embed_dim=4096,
-                                      decoder_attention_heads=8, memory_span=2048, adaptive_span=True, dropout=0.3,
+                                      decoder_attention_heads=8, memory_span=2048, adaptive_span=True,
+                                      **table9_dropout(0.3, embeddings=0.2),
                                       tokens_per_sample=256, lr=[0.0007], clip_norm=0.1, warmup_updates=8000),
 }
 
@@ -166,7 +178,7 @@ RECIPES = {
                one_worker(overrides(CHAR_TINY, **{"--batch-size": 4, "--tokens-per-sample": 32, "--warmup-updates": 2,
                                                   "--validate-interval-updates": 5, "--save-interval-updates": 5})),
                paper={"feedback_lm_char_ptb": TABLE9_CHARACTERS["feedback_lm_char_ptb"]}, streams_per_update=2048,
-               finetunes="--lr 0.00015 --max-update 16000"),
+               finetunes="--lr 0.00015 --warmup-updates 0 --max-update 1000"),
         Recipe("debian_de_en", fx.write_debian_de_en, [_prepare("prepare_debian_de_en")],
                overrides(TRANSLATION_TINY, **{"--max-tokens": 4096}),
                paper={"feedback_transformer_iwslt_de_en": IWSLT_BUT_DEPTH, "transformer_iwslt_de_en": IWSLT_BUT_DEPTH},

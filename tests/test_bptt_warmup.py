@@ -1,7 +1,9 @@
 """The paper's BPTT warm-up (appendix, enwik8: blocks of 64 for the first half
-of training, then 128) as fairseq-train runs it with --bptt-warmup-tokens-per-sample:
-the block length changes where an epoch begins, every token is scored once
-per epoch, and a run resumed anywhere trains the same blocks."""
+of training, then 128) as fairseq-train runs it with --bptt-warmup-tokens-per-sample,
+and the authors' random epoch offset (--random-epoch-offset, their trainer.py):
+the block length changes where an epoch begins, each epoch reads every stream
+from a random token under one block on, every token after it once, and a run
+resumed anywhere trains the same blocks."""
 
 import contextlib
 import re
@@ -27,14 +29,16 @@ def data(lm_data):
 
 @contextlib.contextmanager
 def recording_blocks():
-    """(update, block number, block length, the rows' targets as words) of every training step."""
+    """(update, block number, block length, the rows' targets as words, their first inputs) of every
+    training step."""
     seen = []
     train_step = FeedbackLanguageModelingTask.train_step
 
     def recorded(task, sample, model, criterion, optimizer, update_num, ignore_grad=False):
-        target = sample["target"]
+        target, first_inputs = sample["target"], sample["net_input"]["src_tokens"][:, 0].tolist()
         words = [[task.dictionary[t] for t in row if t != task.dictionary.pad()] for row in target.tolist()]
-        seen.append((update_num + 1, sample["net_input"]["block_index"], target.size(1), words))
+        seen.append((update_num + 1, sample["net_input"]["block_index"], target.size(1), words,
+                     [task.dictionary[t] for t in first_inputs]))
         return train_step(task, sample, model, criterion, optimizer, update_num, ignore_grad)
 
     with pytest.MonkeyPatch.context() as m:
@@ -48,9 +52,9 @@ def train(data, save_dir, updates, *extra):
 
 @pytest.fixture(scope="module")
 def uninterrupted(data, tmp_path_factory):
-    """The blocks of 42 updates in one go, and the log."""
+    """The blocks of 42 updates in one go, each epoch from a random offset, and the log."""
     with recording_blocks() as blocks:
-        log = train(data[0], tmp_path_factory.mktemp("one-go"), 42).stdout
+        log = train(data[0], tmp_path_factory.mktemp("one-go"), 42, "--random-epoch-offset").stdout
     return blocks, log
 
 
@@ -60,29 +64,46 @@ def epochs(blocks):
     return [blocks[a:b] for a, b in zip(starts, starts[1:])]
 
 
-def test_the_first_epochs_train_on_short_blocks_and_every_token_is_scored_once_per_epoch(data, uninterrupted):
+def test_the_first_epochs_train_on_short_blocks_each_from_a_random_offset(data, uninterrupted):
     _, tokens = data
     blocks, log = uninterrupted
     by_epoch = epochs(blocks)
-    assert [len(e) for e in by_epoch] == [14, 14, 7, 7]
     # the epochs that begin before update 20 (the first half) in blocks of 8, the rest in blocks of 16
-    assert [{length for _, _, length, _ in e} for e in by_epoch] == [{8}, {8}, {16}, {16}]
-    assert [int(n) for n in re.findall(r"train: \d+ tokens, each scored once, in 4 streams of up to \d+ blocks "
-                                       r"of (\d+) tokens", log)] == [8, 8, 16, 16]
-    for epoch in by_epoch:  # each stream read in order, the streams one after another: the split, once
-        streams = [[w for _, _, _, rows in epoch for w in rows[r]] for r in range(4)]
-        assert [w for stream in streams for w in stream] == tokens
+    lengths = [8, 8] + [16] * (len(by_epoch) - 2)
+    assert [{length for _, _, length, _, _ in e} for e in by_epoch] == [{n} for n in lengths]
+    summaries = re.findall(r"(train|valid): (?:\d+ tokens, each scored once|\d+ of its \d+ tokens \(each stream from "
+                           r"its token (\d+) on\)), in 4 streams of up to \d+ blocks of (\d+) tokens", log)
+    offsets = [int(offset or 0) for split, offset, _ in summaries if split == "train"]
+    assert [int(block) for split, _, block in summaries if split == "train"] == lengths
+    assert all(0 <= offset < block for offset, block in zip(offsets, lengths))
+    assert len(set(offsets)) > 1  # seed 1's draws: the blocks move from epoch to epoch
+    # validation reads every token, from the start of each stream
+    assert {(split, offset) for split, offset, _ in summaries if split == "valid"} == {("valid", "")}
+    for epoch, offset in zip(by_epoch[:-1], offsets):  # the last one --max-update cuts short
+        # each stream read in order from its token `offset`, its first input the token before (an end of line
+        # where the stream starts at a line): the split, less the first `offset` tokens of each stream
+        at = 0
+        for row in range(4):
+            stream = [w for _, _, _, rows, _ in epoch for w in rows[row]]
+            at += offset
+            assert stream == tokens[at:at + len(stream)]
+            assert epoch[0][4][row] == (tokens[at - 1] if at else "</s>")
+            at += len(stream)
+        assert at == len(tokens)
 
 
 def test_a_run_resumed_anywhere_trains_the_blocks_of_an_uninterrupted_one(data, uninterrupted, tmp_path):
     # mid-way through the last epoch of the warm-up (begun before update 20, still in blocks of 8), at the
-    # end of that epoch, and mid-way through an epoch of blocks of 16
+    # end of that epoch (the next one draws its offset after the resumption), and mid-way through an epoch
+    # of blocks of 16
+    first, second = [len(e) for e in epochs(uninterrupted[0])][:2]
+    stops = (first + 2, first + second, first + second + 3)
     with recording_blocks() as blocks:
-        for stop in (22, 28, 31):
-            train(data[0], tmp_path, stop)
+        for stop in stops:
+            train(data[0], tmp_path, stop, "--random-epoch-offset")
             state = torch.load(tmp_path / "checkpoint_last.pt")["extra_state"]["train_iterator"]
             assert state["updates"] == stop
-    assert blocks == uninterrupted[0][:31]
+    assert blocks == uninterrupted[0][:stops[-1]]
 
 
 def test_resuming_mid_epoch_in_a_block_length_the_schedule_does_not_give_is_one_line(data, tmp_path):

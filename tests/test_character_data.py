@@ -5,6 +5,7 @@ byte or character that fairseq-train and fairseq-eval-lm report on them."""
 import dataclasses
 import json
 import re
+import shutil
 
 import pytest
 from fairseq.data import Dictionary, data_utils
@@ -17,6 +18,7 @@ from fairseq_feedback_cli.data_prep import prepare_enwik8 as enwik8
 
 pytestmark = pytest.mark.usefixtures("preprocess_in_this_process")
 SPLITS = ("train", "valid", "test")
+NEWLINE = b"\n"
 
 
 def dirs(tmp_path):
@@ -57,8 +59,25 @@ def test_enwik8_is_one_token_per_byte_split_as_published(tmp_path, small_enwik8,
         assert as_bytes(tokens) == expected[split] + (b"" if expected[split].endswith(b"\n") else b"\n")
         assert d.unk_word not in tokens
     assert len(d) == d.nspecial + 255  # every byte but the newline, which is the end-of-line token
-    assert json.loads((dest / "data_prep.json").read_text())["unit"] == "byte"
-    assert f"bytes: train {len(data) - 900:,}, valid 500, test 400" in capsys.readouterr().err
+    settings = json.loads((dest / "data_prep.json").read_text())
+    assert settings["unit"] == "byte" and settings["newlines"] is True
+    newlines = ", ".join(f"{expected[split].count(NEWLINE):,}" for split in SPLITS)
+    assert (f"bytes: train {len(data) - 900:,}, valid 500, test 400, each newline a token ({newlines}): not the "
+            "convention of the published numbers") in capsys.readouterr().err
+
+
+def test_enwik8_without_newlines_is_the_stream_of_its_other_bytes_as_published(tmp_path, small_enwik8, capsys):
+    """--no-newlines: as Transformer-XL's loader and the authors' code read it, every byte but the newlines, one
+    after another, no end-of-line token anywhere."""
+    raw, data = small_enwik8
+    run_script(enwik8, "--raw", raw, *dirs(tmp_path), "--no-newlines")
+    dest = tmp_path / "data-bin" / "out"
+    expected = {"train": data[:-900], "valid": data[-900:-400], "test": data[-400:]}
+    for split in SPLITS:
+        assert as_bytes(symbols(dest, split)[0]) == expected[split].replace(b"\n", b"")
+    assert json.loads((dest / "data_prep.json").read_text())["newlines"] is False
+    newlines = ", ".join(f"{expected[split].count(NEWLINE):,}" for split in SPLITS)
+    assert f"without their newlines ({newlines}): the convention of the published numbers" in capsys.readouterr().err
 
 
 def test_enwik8_of_another_size_is_one_line_and_writes_nothing(tmp_path, small_enwik8):
@@ -119,8 +138,8 @@ def test_the_manuals_as_bytes_are_their_paragraphs_one_token_per_byte(tmp_path):
 
 
 def test_training_and_eval_lm_report_bits_per_byte(tmp_path, small_enwik8):
-    raw, _ = small_enwik8
-    run_script(enwik8, "--raw", raw, *dirs(tmp_path))
+    raw, data = small_enwik8
+    run_script(enwik8, "--raw", raw, *dirs(tmp_path), "--no-newlines")
     dest = tmp_path / "data-bin" / "out"
     log = run("train", dest, *LM_MODEL, "--tokens-per-sample", 32, "--batch-size", 4, "--optimizer", "adam",
               "--lr", "0.003", "--max-update", 4, "--save-dir", tmp_path / "ckpt").stdout
@@ -128,9 +147,16 @@ def test_training_and_eval_lm_report_bits_per_byte(tmp_path, small_enwik8):
     assert valid and float(valid[1]) == pytest.approx(float(valid[2]), abs=1e-3)  # the loss in base 2, per byte
     out = run("eval_lm", dest, "--task", "feedback_language_modeling", "--path", tmp_path / "ckpt" / "checkpoint_last.pt",
               "--gen-subset", "test", "--tokens-per-sample", 32, "--batch-size", 1, "--cpu").stdout
-    assert re.search(r"Loss \(base 2\): [\d.]+ bits per byte, Perplexity: [\d.]+", out)
-    # character-level data of another origin says what its tokens are
-    out = run("eval_lm", dest, "--task", "feedback_language_modeling", "--path", tmp_path / "ckpt" / "checkpoint_last.pt",
+    # the convention beside the number: enwik8's published numbers leave the newlines out
+    assert re.search(r"Loss \(base 2\): [\d.]+ bits per byte \(the newlines not scored\), Perplexity: [\d.]+", out)
+    assert f"Evaluated {400 - data[-400:].count(NEWLINE)} tokens" in out  # every test byte but the newlines, once
+    # character-level data of another origin says what its tokens are (--token-unit), and data that records
+    # its newlines as tokens says so
+    other = tmp_path / "other"
+    shutil.copytree(dest, other)
+    (other / "data_prep.json").write_text(json.dumps({"newlines": True}))
+    out = run("eval_lm", other, "--task", "feedback_language_modeling", "--path", tmp_path / "ckpt" / "checkpoint_last.pt",
               "--gen-subset", "test", "--tokens-per-sample", 32, "--batch-size", 1, "--cpu", "--token-unit",
               "character").stdout
-    assert re.search(r"Loss \(base 2\): [\d.]+ bits per character, Perplexity: [\d.]+", out)
+    assert re.search(r"Loss \(base 2\): [\d.]+ bits per character \(each newline a scored token\), Perplexity: "
+                     r"[\d.]+", out)

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import recipe_shims
 from helpers import ENV, run, run_module
 
@@ -29,7 +30,8 @@ TINY = {
     "TOY_UPDATES": "2", "TOY_EVAL_EVERY": "2", "TOY_EPISODES": "--train 20 --valid 4 --test 4",
     "TOY_SIZES": "--decoder-layers 2 --decoder-embed-dim 16 --decoder-ffn-embed-dim 32 --decoder-attention-heads 2 "
                  "--memory-span 16",
-    "TOY_TRAIN": "--tokens-per-sample 32 --batch-size 2 --optimizer adam --lr 0.001 --clip-norm 0.1",
+    "TOY_TRAIN": "--dropout 0 --attention-dropout 0 --activation-dropout 0 --tokens-per-sample 32 --batch-size 2 "
+                 "--optimizer adam --lr 0.001 --clip-norm 0.1",
     "WALK_UPDATES": "2", "WALK_EVAL_EVERY": "2", "WALK_EPISODES": "--grid-size 3 --episode-length 10 --train 20 "
                                                                   "--valid 4 --test 4",
 }
@@ -109,13 +111,24 @@ def test_the_cpu_tier_runs_end_to_end_and_a_second_run_trains_nothing(tmp_path):
         assert f"| {task} | feedback | 2 |" in summary and f"| {task} | transformer | 2 |" in summary
     # Figure 9: each model at its last update, then at the CPU time of the quickest, in bits per byte
     depth = summary.split("## Figure 9")[1]
-    for name in ("feedback_2", "transformer_2", "transformer_6"):
-        assert re.search(rf"^\| {name} \| [1-9][\d,]* \| 4 \| [\d.]+ \| [\d.]+ \| [\d.]+ \|$", depth, flags=re.M)
-        assert re.search(rf"^\| {name} \| [024] \| ([\d.]+ \| [\d.]+|no checkpoint \|) \|$", depth, flags=re.M)
+    for model in ("feedback_2", "transformer_2", "transformer_6"):
+        for name in (model, f"{model}_seed2"):  # DEPTH_SEEDS, 1 and 2
+            assert re.search(rf"^\| {name} \| [1-9][\d,]* \| 4 \| [\d.]+ \| [\d.]+ \| [\d.]+ \|$", depth, flags=re.M)
+            assert re.search(rf"^\| {name} \| [024] \| ([\d.]+ \| [\d.]+|no checkpoint \|) \|$", depth, flags=re.M)
+        # the two seeds' mean and range, valid and test
+        seeds = [re.search(rf"^\| {name} \| [\d,]+ \| 4 \| [\d.]+ \| ([\d.]+) \| ([\d.]+) \|$", depth, flags=re.M)
+                 for name in (model, f"{model}_seed2")]
+        expected = []
+        for column in (1, 2):
+            values = [float(seed[column]) for seed in seeds]
+            expected += [sum(values) / 2, min(values), max(values)]
+        row = re.search(rf"^\| {model} \| 2 \| ([\d.]+) \(([\d.]+)-([\d.]+)\) \| ([\d.]+) \(([\d.]+)-([\d.]+)\) \|$",
+                        depth, flags=re.M)
+        assert row and [float(x) for x in row.groups()] == pytest.approx(expected, abs=1e-4)
     for plot in ("debian_de_en.png", "debian_docs.png", "algorithmic3.png", "random_walk.png", "depth.png"):
         assert (out / "plots" / plot).stat().st_size > 1000
     logs = {log: log.stat().st_mtime_ns for log in out.rglob("train.log")}
-    assert len(logs) == len(RUNS) + 3 + 4 + 3
+    assert len(logs) == len(RUNS) + 3 + 4 + 3 * 2
 
     again = tier()
     assert "training" not in again and "translating" not in again

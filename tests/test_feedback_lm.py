@@ -115,6 +115,47 @@ def test_every_token_is_scored_once_whatever_the_streams_and_workers():
         assert sum(b["ntokens"] for b in batches) <= len(stream)
 
 
+def test_an_epoch_from_an_offset_reads_each_stream_from_that_token_on():
+    """--random-epoch-offset's epochs: every stream less its first `offset` tokens, its first input the token
+    before them (the inputs are the stream shifted by one token), labels cut as their inputs."""
+    d = make_dictionary()
+    tokens = random_split(d, lines=23)
+    split = SplitStream("train", tokens)
+    labelled = SplitStream("train", tokens, Split([line.flip(0) for line in tokens.lines]))
+
+    def streams(split, block, rows, workers, offset):
+        """each stream's (inputs, targets) of the epoch, in order"""
+        read = []
+        for worker in range(workers):
+            dataset = split.blocks(block, d, d, "_", rows, workers, worker, offset)
+            for row in range(len(dataset.streams)):
+                stream = dataset.streams[row]
+                pairs = [dataset.source_and_target(stream, k) for k in range(len(stream[0]))]
+                read.append(tuple(torch.cat(part).tolist() for part in zip(*pairs)))
+        return read
+
+    for block, rows, workers in [(5, 3, 1), (8, 2, 2), (7, 1, 3)]:
+        for offset in (1, 3, block - 1):
+            for whole, (inputs, targets) in zip(streams(split, block, rows, workers, 0),
+                                                streams(split, block, rows, workers, offset)):
+                assert targets == whole[1][offset:] and inputs == whole[1][offset - 1:-1]
+            for whole, cut in zip(streams(labelled, block, rows, workers, 0),
+                                  streams(labelled, block, rows, workers, offset)):
+                assert cut == (whole[0][offset:], whole[1][offset:])
+
+
+def test_emb_dropout_drops_the_embeddings_and_the_top_layers_output_in_training():
+    """The WikiText-103 models' "Embed. dropout" (Table 9), on "the embedding layer output and the last sublayer
+    output" (appendix 7.6): at a rate of 1 both are all zeros; evaluation drops nothing."""
+    d = make_dictionary()
+    model, _ = tiny_lm("--emb-dropout", "1", dictionary=d)
+    tokens = torch.randint(d.nspecial, len(d), (2, 6))
+    for training in (True, False):
+        model.train(training)
+        embedded, features = model.decoder.embed(tokens, None), model.decoder(tokens, features_only=True)[0]
+        assert bool(embedded.any()) is bool(features.any()) is not training
+
+
 def test_memory_is_carried_within_a_stream_and_never_across_streams():
     d = make_dictionary()
     model, task = tiny_lm(dictionary=d)

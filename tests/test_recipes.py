@@ -166,8 +166,10 @@ def check_paper_hyperparameters(run: Run):
         args = parsed_train_args(call)
         archs.add(args.arch)
         paper = run.recipe.paper.get(args.arch, {})
-        if "continued" in call and "lr" in paper:
+        if ("continued" in call or args.finetune_from_model) and "lr" in paper:
             paper = dict(paper, lr=[pytest.approx(lr / 10) for lr in paper["lr"]])
+        if args.finetune_from_model:  # a new run from the trained weights, at the finetuning's rate from the first
+            paper = dict(paper, warmup_updates=0)
         for name, expected in paper.items():
             assert getattr(args, name) == expected, f"{args.arch}: --{name.replace('_', '-')} is " \
                                                     f"{getattr(args, name)}, the paper's {expected}"
@@ -324,16 +326,40 @@ def check_finetuned(run: Run, trains, output, models):
         assert {float(x) for x in re.findall(r"\blr[= ]([\d.e+-]+)", log)} == {float(lr)}, log[-2000:]
 
 
+def check_finetuned_from_best(run: Run, trains, output, models):
+    """char-PTB's rule (appendix): training stops when the validation loss stops decreasing (fairseq's
+    --patience), and each model is finetuned from its lowest validation loss (checkpoint_best.pt) in a run of its
+    own, --lr, --warmup-updates, --max-update, --finetune-from-model and --save-dir the only options changed."""
+    lr, warmup, max_update = re.fullmatch(r"--lr (\S+) --warmup-updates (\d+) --max-update (\d+)",
+                                          run.recipe.finetunes).groups()
+    finetunes = [c for c in trains if parsed_train_args(c).finetune_from_model]
+    assert sorted(Path(parsed_train_args(c).save_dir).name for c in finetunes) == [f"{m}_finetuned" for m in models]
+    for finetune in finetunes:
+        args = parsed_train_args(finetune)
+        best = Path(args.finetune_from_model)
+        assert best.name == "checkpoint_best.pt" and "continued" not in finetune, finetune["written"]
+        training = [c for c in trains[:trains.index(finetune)] if Path(parsed_train_args(c).save_dir) == best.parent][-1]
+        trained = vars(parsed_train_args(training))
+        assert trained["patience"] > 0 and not trained["finetune_from_model"]
+        assert {k for k, v in vars(args).items() if v != trained[k]} == {
+            "lr", "warmup_updates", "max_update", "finetune_from_model", "save_dir"}, finetune["written"]
+        assert (args.lr, args.warmup_updates, args.max_update) == ([float(lr)], int(warmup), int(max_update))
+        assert trained["lr"] == [pytest.approx(10 * float(lr))]
+        assert f"loading pretrained model from {best}" in output
+
+
 # each ablation's --save-dir: its architecture, and how its options differ from its recipe's model of that
 # architecture (the paper's, Table 9)
 FIXED_SPAN = dict(adaptive_span=False, memory_span=512, adaptive_span_loss=0.0)  # Table 9's "512, 2048*"
+# Figure 9's FFN per depth: 1,536 x 6 / depth, less what the wider heads' relative-position table adds
+FIGURE9_FFN = {1: 8912, 2: 4552, 4: 2296, 6: 1536, 8: 1152}
 CHAR_PTB_ABLATIONS = {
     **{f"memory_{c.replace(':', '')}": dict(memory_composition=c)  # Figures 5 and 8
        for c in ("weighted", "top", "average", "layer:0", "layer:1", "layer:2", "layer:3", "layer:4", "layer:5",
                  "recurrent")},
     "transformer_char_ptb": dict(no_feedback=True),
-    # Figure 9: the 6-layer model's head dimension and FFN times 6 / depth
-    **{f"depth{n}_{model}": dict(decoder_layers=n, head_dim=96 * 6 // n, decoder_ffn_embed_dim=1536 * 6 // n,
+    # Figure 9: the 6-layer model's head dimension times 6 / depth, its FFN such that the parameters stay
+    **{f"depth{n}_{model}": dict(decoder_layers=n, head_dim=96 * 6 // n, decoder_ffn_embed_dim=FIGURE9_FFN[n],
                                  no_feedback=model == "transformer")
        for n in (1, 2, 4, 6, 8) for model in ("feedback", "transformer")},
 }
@@ -403,12 +429,16 @@ def test_enwik8_recipe(runs, name):
     assert {(a.arch, a.no_feedback) for a in map(parsed_train_args, trains)} == {
         ("feedback_lm_enwik8", False), ("feedback_lm_enwik8", True)}  # the paper's model, and its Transformer
     check_finetuned(run, trains, output, ["feedback", "transformer"])
-    # the BPTT warm-up: each training's first epoch in the stand-in's short blocks, every later one in the long
-    epochs = re.findall(r"train: \d+ tokens, each scored once, in 32 streams of up to \d+ blocks of (\d+) tokens", output)
+    # the BPTT warm-up: each training's first epoch in the stand-in's short blocks, every later one in the long,
+    # each from a random offset (--random-epoch-offset)
+    epochs = re.findall(r"train: (?:\d+ tokens, each scored once|\d+ of its \d+ tokens \(each stream from its token "
+                        r"\d+ on\)), in 32 streams of up to \d+ blocks of (\d+) tokens", output)
+    assert "each stream from its token" in output
     assert re.fullmatch(r"(S+L+){2}L*", "".join({"32": "S", "64": "L"}[n] for n in epochs)), epochs
-    # every test byte scored once, and the end of the last line, which ends without a newline
-    assert len(re.findall(rf"Evaluated {ENWIK8_SIZES['HELD_OUT']['test'] + 1} tokens", output)) == 2
-    assert len(re.findall(r"Loss \(base 2\): [\d.]+ bits per byte, Perplexity", output)) == 2
+    # every test byte but the newlines scored once (the published convention: prepare_enwik8 --no-newlines)
+    test_bytes = fx.enwik8_bytes()[-ENWIK8_SIZES["HELD_OUT"]["test"]:]
+    assert len(re.findall(rf"Evaluated {len(test_bytes) - test_bytes.count(10)} tokens", output)) == 2
+    assert len(re.findall(r"Loss \(base 2\): [\d.]+ bits per byte \(the newlines not scored\), Perplexity", output)) == 2
 
 
 @pytest.mark.parametrize("name", ["char_ptb"])
@@ -418,7 +448,7 @@ def test_char_ptb_recipe(runs, name):
     trains = check_paper_hyperparameters(run)
     assert {(a.arch, a.no_feedback) for a in map(parsed_train_args, trains)} == {
         ("feedback_lm_char_ptb", False), ("feedback_lm_char_ptb", True)}
-    check_finetuned(run, trains, output, ["feedback", "transformer"])
+    check_finetuned_from_best(run, trains, output, ["feedback", "transformer"])
     test_tokens = sum(len(line.split()) + 1 for line in fx.char_ptb_lines()["test"])
     assert len(re.findall(rf"Evaluated {test_tokens} tokens", output)) == 2
     assert len(re.findall(r"Loss \(base 2\): [\d.]+ bits per character, Perplexity", output)) == 2
@@ -505,3 +535,43 @@ def test_each_recipe_readme_shows_numbers_and_data_decisions():
         text = (REPO / "examples" / name / "README.md").read_text()
         for needed in ("paper", "fairseq", "data_prep"):
             assert needed in text, f"examples/{name}/README.md does not mention {needed}"
+
+
+@pytest.mark.parametrize("arch", [*TABLE9_CHARACTERS, *TABLE9, TABLE9_TOY["arch"]])
+def test_each_language_model_drops_out_where_table9_and_the_authors_code_do(arch):
+    """The architectures' own dropout, which every recipe of them trains with: Table 9's rate on the attention
+    probabilities and the feed-forward hidden layer, the WikiText-103 models' embedding dropout, nothing else."""
+    paper = {**TABLE9_CHARACTERS, **TABLE9, TABLE9_TOY["arch"]: TABLE9_TOY}[arch]
+    args = parsed_train_args({"written": ["data", "--user-dir", PLUGIN, "--task", "feedback_language_modeling",
+                                          "--arch", arch]})
+    dropout = {name: value for name, value in paper.items() if name.endswith("dropout")}
+    assert {name: getattr(args, name) for name in dropout} == dropout
+    assert dropout["dropout"] == 0 and dropout["attention_dropout"] == dropout["activation_dropout"] > 0
+
+
+@pytest.mark.parametrize("no_feedback", [False, True], ids=["feedback", "transformer"])
+def test_figure9s_depths_have_the_parameters_of_the_six_layer_model(no_feedback):
+    """"We keep the total number of parameters constant" (Figure 9): every depth of the ablations' char-PTB sweep
+    within 0.1% of the 6-layer model, on char-PTB's 50 symbols."""
+    from fairseq.data import Dictionary
+
+    from fairseq_feedback.models.feedback_lm import FeedbackLanguageModel
+    from fairseq_feedback.tasks import FeedbackLanguageModelingTask
+
+    dictionary = Dictionary()
+    for i in range(50):
+        dictionary.add_symbol(f"c{i}")
+
+    def parameters(layers):
+        args = parsed_train_args({"written": [
+            "data", "--user-dir", PLUGIN, "--task", "feedback_language_modeling", "--arch", "feedback_lm_char_ptb",
+            "--decoder-layers", str(layers), "--head-dim", str(96 * 6 // layers),
+            "--decoder-ffn-embed-dim", str(FIGURE9_FFN[layers]), *(["--no-feedback"] if no_feedback else [])]})
+        with torch.device("meta"):  # counted, not initialised
+            model = FeedbackLanguageModel.build_model(args, FeedbackLanguageModelingTask(args, dictionary))
+        return sum(p.numel() for p in model.parameters())
+
+    base = parameters(6)
+    assert base == pytest.approx(10.74e6, rel=1e-3)  # Table 9's 10.7M
+    for layers in FIGURE9_FFN:
+        assert parameters(layers) == pytest.approx(base, rel=1e-3), layers

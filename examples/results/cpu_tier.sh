@@ -48,7 +48,9 @@ LM_STREAMS=${LM_STREAMS:-32}     # feedback models: streams x blocks of 64 token
 LM_BLOCKS=${LM_BLOCKS:-8}        # transformer_lm: blocks of 256 tokens (the same 2,048 tokens per update)
 
 # Figure 9: depth at constant parameters, on the manuals as bytes. DEPTH_BASE layers have the sizes
-# below; L layers have the same width and heads, and head dimension and FFN times DEPTH_BASE / L.
+# below; L layers have the same width and heads, and head dimension and FFN times DEPTH_BASE / L (the
+# relative-position table, span x head dimension, grows with the heads: the summary prints each count).
+# Each model with each of DEPTH_SEEDS (seed 1's folder without a suffix, another's with _seedN).
 DEPTH_UPDATES=${DEPTH_UPDATES:-800}
 DEPTH_VALID_EVERY=${DEPTH_VALID_EVERY:-100}  # a validation and a checkpoint kept: the points of equal wall time
 DEPTH_BASE=${DEPTH_BASE:-6}
@@ -59,6 +61,7 @@ DEPTH_TRAIN=${DEPTH_TRAIN:-"--memory-span 256 --dropout 0 --optimizer adam --lr 
     --warmup-updates 100 --clip-norm 1.0 --tokens-per-sample 128 --batch-size 16"}
 DEPTH_VALID=${DEPTH_VALID:-"--batch-size-valid 64 --max-valid-steps 5"}  # the first 6 blocks of 64 streams
 DEPTH_EVAL_STREAMS=${DEPTH_EVAL_STREAMS:-16}
+DEPTH_SEEDS=${DEPTH_SEEDS:-"1 2"}
 
 # Table 1: the algorithmic task with 3 variables (TOY_*), and the random walk at the demo's size (WALK_*).
 TOY_UPDATES=${TOY_UPDATES:-2000}
@@ -66,15 +69,15 @@ TOY_EVAL_EVERY=${TOY_EVAL_EVERY:-500}
 TOY_EPISODES=${TOY_EPISODES:-"--train 10000 --valid 1000 --test 1000"}
 TOY_SIZES=${TOY_SIZES:-"--decoder-layers 4 --decoder-embed-dim 128 --decoder-ffn-embed-dim 512
     --decoder-attention-heads 4 --memory-span 100"}
-TOY_TRAIN=${TOY_TRAIN:-"--dropout 0.0 --tokens-per-sample 64 --batch-size 32 --optimizer adam --lr 0.001
-    --lr-scheduler fixed --warmup-updates 100 --clip-norm 0.1"}
+TOY_TRAIN=${TOY_TRAIN:-"--dropout 0.0 --attention-dropout 0 --activation-dropout 0 --tokens-per-sample 64
+    --batch-size 32 --optimizer adam --lr 0.001 --lr-scheduler fixed --warmup-updates 100 --clip-norm 0.1"}
 WALK_UPDATES=${WALK_UPDATES:-1200}
 WALK_EVAL_EVERY=${WALK_EVAL_EVERY:-300}
 WALK_EPISODES=${WALK_EPISODES:-"--grid-size 4 --episode-length 30 --train 10000 --valid 100 --test 500"}
 WALK_SIZES=${WALK_SIZES:-"--decoder-layers 2 --decoder-embed-dim 128 --decoder-ffn-embed-dim 512
     --decoder-attention-heads 4 --memory-span 32"}
-WALK_TRAIN=${WALK_TRAIN:-"--dropout 0.0 --tokens-per-sample 64 --batch-size 32 --optimizer adam --lr 0.001
-    --lr-scheduler fixed --warmup-updates 50 --clip-norm 0.1"}
+WALK_TRAIN=${WALK_TRAIN:-"--dropout 0.0 --attention-dropout 0 --activation-dropout 0 --tokens-per-sample 64
+    --batch-size 32 --optimizer adam --lr 0.001 --lr-scheduler fixed --warmup-updates 50 --clip-norm 0.1"}
 
 COMMON=(--user-dir "$PLUGIN" --cpu --num-workers 0 --log-format json --log-interval 25)
 
@@ -159,7 +162,7 @@ bits_per_byte() {  # bits_per_byte CHECKPOINT SPLIT: fairseq-eval-lm's last line
     mv "$out.bpb.tmp" "$out.bpb"
 }
 
-depth() {  # depth NAME LAYERS OPTIONS...: a feedback_lm of LAYERS layers with DEPTH_BASE layers' parameters
+depth() {  # depth NAME LAYERS SEED OPTIONS...: a feedback_lm of LAYERS layers with DEPTH_BASE layers' parameters
     local name=depth/$1 layers=$2 split
     if (( DEPTH_BASE * DEPTH_HEAD_DIM % layers || DEPTH_BASE * DEPTH_FFN % layers )); then
         log "depth $layers: $DEPTH_BASE layers' head dimension $DEPTH_HEAD_DIM and FFN $DEPTH_FFN do not divide by it"
@@ -169,7 +172,7 @@ depth() {  # depth NAME LAYERS OPTIONS...: a feedback_lm of LAYERS layers with D
         --decoder-layers "$layers" $DEPTH_SIZES --head-dim $((DEPTH_BASE * DEPTH_HEAD_DIM / layers)) \
         --decoder-ffn-embed-dim $((DEPTH_BASE * DEPTH_FFN / layers)) $DEPTH_TRAIN $DEPTH_VALID \
         --validate-interval-updates "$DEPTH_VALID_EVERY" --save-interval-updates "$DEPTH_VALID_EVERY" \
-        --no-epoch-checkpoints --seed 1 "${@:3}"
+        --no-epoch-checkpoints --seed "$3" "${@:4}"
     for split in valid test; do bits_per_byte "$OUT/$name/checkpoint_last.pt" "$split"; done
 }
 
@@ -206,6 +209,19 @@ depth_rows() {  # depth_rows RUN...: each run at its last update, then at the CP
         for split in valid test; do bits_per_byte "$checkpoint" "$split"; done
         echo "| $(basename "$run") | $updates | $(bpb_of "$checkpoint" valid) | $(bpb_of "$checkpoint" test) |"
     done
+    echo
+    echo "Across seeds, at $DEPTH_UPDATES updates: the mean, and the range from the lowest to the highest"
+    echo
+    echo "| model | seeds | valid bpb | test bpb |"
+    echo "| --- | ---: | ---: | ---: |"
+    for run in "$@"; do
+        echo "$(basename "$run" | sed -E 's/_seed[0-9]+$//') $(bpb_of "$run/checkpoint_last.pt" valid)" \
+            "$(bpb_of "$run/checkpoint_last.pt" test)"
+    done | awk '{n[$1]++; v[$1] += $2; t[$1] += $3
+                 if (!($1 in vlo) || $2 < vlo[$1]) vlo[$1] = $2; if ($2 > vhi[$1]) vhi[$1] = $2
+                 if (!($1 in tlo) || $3 < tlo[$1]) tlo[$1] = $3; if ($3 > thi[$1]) thi[$1] = $3}
+                END {for (m in n) printf "| %s | %d | %.4f (%.4f-%.4f) | %.4f (%.4f-%.4f) |\n", m, n[m],
+                     v[m] / n[m], vlo[m], vhi[m], t[m] / n[m], tlo[m], thi[m]}' | sort
 }
 
 # --- Table 1: toy tasks ---------------------------------------------------------------------------
@@ -263,10 +279,12 @@ RUNS=(
     "translation transformer_dec2 transformer 2 1"
     "translation feedback_dec1_seed2 feedback_transformer 1 2"
     "translation transformer_dec1_seed2 transformer 1 2"
-    "depth transformer_2 2 --no-feedback"
-    "depth transformer_6 6 --no-feedback"
-    "depth feedback_2 2 --per-layer-kv"
 )
+for seed in $DEPTH_SEEDS; do
+    suffix=$([ "$seed" = 1 ] || echo "_seed$seed")
+    RUNS+=("depth transformer_2$suffix 2 $seed --no-feedback" "depth transformer_6$suffix 6 $seed --no-feedback"
+           "depth feedback_2$suffix 2 $seed --per-layer-kv")
+done
 
 # RUNS_ONLY: some of these runs, one per line (the summary then reports those)
 [ -z "${RUNS_ONLY:-}" ] || mapfile -t RUNS <<< "$RUNS_ONLY"

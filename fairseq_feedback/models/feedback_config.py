@@ -86,6 +86,13 @@ class FeedbackConfig(FairseqDataclass):
         default=False,
         metadata={"help": "drop the feed-forward sublayers (with --persistent-vectors: all-attention layers)"},
     )
+    emb_dropout: float = field(
+        default=0.0,
+        metadata={"help": "dropout on the embeddings and on the top layer's output only (the paper's 'Embed. dropout' "
+                          "of its WikiText-103 models, Table 9; fairseq's adaptive_span example's emb_dropout), "
+                          "where --dropout also drops every sublayer's output",
+                  "at_least": 0, "at_most": 1, "may_change_on_resume": True},
+    )
     cuda_graphs: CUDA_GRAPHS = field(
         default="auto",
         metadata={"help": "the feedback decoder's per-token loop: 'auto' replays it as captured CUDA graphs on a GPU "

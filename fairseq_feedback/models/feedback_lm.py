@@ -155,16 +155,23 @@ ADAPTIVE_INPUT_AND_SOFTMAX = dict(adaptive_input=True, tie_adaptive_weights=True
                                   adaptive_input_cutoff="20000,60000", adaptive_softmax_cutoff="20000,60000")
 
 
-def _sizes(layers, embed_dim, ffn_dim, num_heads, dropout, head_dim=None):
+def _sizes(layers, embed_dim, ffn_dim, num_heads, head_dim=None):
     return dict(decoder_layers=layers, decoder_embed_dim=embed_dim, decoder_ffn_embed_dim=ffn_dim,
-                decoder_attention_heads=num_heads, head_dim=head_dim, dropout=dropout)
+                decoder_attention_heads=num_heads, head_dim=head_dim)
+
+
+def _dropout(rate, embeddings=0.0):
+    """Table 9's dropout where the paper and the authors put it: "Dropouts are applied to attention and ReLU
+    activations" (appendix 7.6; their main.py's --dropout is the "dropout rate of ReLU and attention": the
+    attention probabilities and the feed-forward hidden layer), none on the residual branches (fairseq's
+    --dropout); the WikiText-103 models' "Embed. dropout" on the embeddings and the top layer's output."""
+    return dict(dropout=0.0, attention_dropout=rate, activation_dropout=rate, emb_dropout=embeddings)
 
 
 @register_model_architecture("feedback_lm", "feedback_lm_wiki103")
 def feedback_lm_wiki103(args):
     feedback_architecture(args, base_lm_architecture, **PAPER_LM, **ADAPTIVE_INPUT_AND_SOFTMAX,
-                          **_sizes(4, 512, 4096, 8, dropout=0.1, head_dim=128), memory_span=512,
-                          adaptive_softmax_dropout=0.1)
+                          **_sizes(4, 512, 4096, 8, head_dim=128), **_dropout(0.1, embeddings=0.1), memory_span=512)
 
 
 # The paper's long-span models learn each head's span (Sukhbaatar et al. 2019);
@@ -181,7 +188,7 @@ def _learned_span(args, learned, loss, fixed):
 @register_model_architecture("feedback_lm", "feedback_lm_wiki103_large")
 def feedback_lm_wiki103_large(args):
     feedback_architecture(args, base_lm_architecture, **PAPER_LM, **ADAPTIVE_INPUT_AND_SOFTMAX,
-                          **_sizes(8, 1024, 4096, 8, dropout=0.3), adaptive_softmax_dropout=0.2,
+                          **_sizes(8, 1024, 4096, 8), **_dropout(0.3, embeddings=0.2),
                           **_learned_span(args, 2048, 1e-5, fixed=512))
 
 
@@ -193,18 +200,18 @@ def feedback_lm_wiki103_large(args):
 @register_model_architecture("feedback_lm", "feedback_lm_enwik8")
 def feedback_lm_enwik8(args):
     feedback_architecture(args, base_lm_architecture, **PAPER_LM,
-                          **_sizes(12, 512, 4096, 8, dropout=0.5, head_dim=128), per_layer_kv=True,
+                          **_sizes(12, 512, 4096, 8, head_dim=128), **_dropout(0.5), per_layer_kv=True,
                           **_learned_span(args, 8192, 5e-7, fixed=8192))
 
 
 @register_model_architecture("feedback_lm", "feedback_lm_char_ptb")
 def feedback_lm_char_ptb(args):
-    feedback_architecture(args, base_lm_architecture, **PAPER_LM, **_sizes(6, 384, 1536, 4, dropout=0.5),
+    feedback_architecture(args, base_lm_architecture, **PAPER_LM, **_sizes(6, 384, 1536, 4), **_dropout(0.5),
                           per_layer_kv=True, memory_span=512)
 
 
 @register_model_architecture("feedback_lm", "feedback_lm_toy")
 def feedback_lm_toy(args):
     """The paper's algorithmic tasks (Table 9, first column)."""
-    feedback_architecture(args, base_lm_architecture, **PAPER_LM, **_sizes(4, 256, 1024, 4, dropout=0.2),
+    feedback_architecture(args, base_lm_architecture, **PAPER_LM, **_sizes(4, 256, 1024, 4), **_dropout(0.2),
                           memory_span=100)

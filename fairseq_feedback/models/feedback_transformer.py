@@ -58,7 +58,11 @@ class FeedbackTransformerModel(PluginModel, TransformerModel):
 
 
 # Sizes of the paper's Table 8, on fairseq's transformer architectures of those
-# sizes; dropout 0.3 in all three. Options set before these run are kept.
+# sizes; Table 8's dropout 0.3 in all three, where fairseq's translation models
+# apply --dropout (the embeddings and every sublayer's output, none on attention
+# or ReLU): the paper's sequence-to-sequence models are fairseq's Transformer
+# with the decoder replaced, and its "attention and ReLU" dropout is said of
+# the language models (appendix 7.6). Options set before these run are kept.
 
 
 @register_model_architecture("feedback_transformer", "feedback_transformer")

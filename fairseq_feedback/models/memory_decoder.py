@@ -19,6 +19,7 @@ from typing import Dict, List, Optional
 
 import torch
 from fairseq.models.transformer import TransformerDecoderBase
+from fairseq.modules import FairseqDropout
 from torch import Tensor, nn
 
 from ..modules.feedback_attention import Alignment
@@ -61,6 +62,7 @@ class MemoryDecoder(TransformerDecoderBase):
     def __init__(self, cfg, dictionary, embed_tokens, no_encoder_attn=False, output_projection=None):
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn, output_projection)
         self.span = cfg.memory_span
+        self.emb_dropout_module = FairseqDropout(cfg.emb_dropout, module_name="MemoryDecoder.emb_dropout")
         head_dim = cfg.head_dim or self.embed_dim // cfg.decoder.attention_heads
         self.span_loss_coefficient = cfg.adaptive_span_loss if cfg.adaptive_span else 0.0
         # key-side relative positions, shared by all layers and heads: entry
@@ -105,7 +107,7 @@ class MemoryDecoder(TransformerDecoderBase):
             x = x + positions
         if self.layernorm_embedding is not None:
             x = self.layernorm_embedding(x)
-        return self.dropout_module(x).transpose(0, 1)
+        return self.emb_dropout_module(self.dropout_module(x)).transpose(0, 1)
 
     def forward(self, prev_output_tokens, encoder_out=None, incremental_state=None, features_only=False,
                 stream_state=None, alignment_layer=None, alignment_heads=None, **unused):
@@ -170,7 +172,7 @@ class MemoryDecoder(TransformerDecoderBase):
 
         if self.layer_norm is not None:
             x = self.layer_norm(x)
-        x = x.transpose(0, 1)
+        x = self.emb_dropout_module(x).transpose(0, 1)
         if self.project_out_dim is not None:
             x = self.project_out_dim(x)
         attn = None if alignment is None else alignment.weights().transpose(0, 1).to(x)

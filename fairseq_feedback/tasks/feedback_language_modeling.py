@@ -17,10 +17,14 @@ next token: at each input position, the label at that position (the paper's
 algorithmic tasks, where the input holds actions and the labels positions).
 
 With --bptt-warmup-tokens-per-sample the blocks are shorter for the epochs
-that begin in the first --bptt-warmup-updates updates (block_schedule.py).
+that begin in the first --bptt-warmup-updates updates (block_schedule.py);
+with --random-epoch-offset each training epoch starts its streams at a
+random token under one block (streams.py).
 On character-level data (--token-unit, or the unit the data_prep scripts
 record in DATA/data_prep.json) fairseq-train also logs the loss as bits per
-byte or character (bpb, bpc) and fairseq-eval-lm says so in its result.
+byte or character (bpb, bpc) and fairseq-eval-lm says so in its result, with
+the convention of the newlines where the data records one (prepare_enwik8:
+enwik8's published numbers leave them out).
 """
 
 import json
@@ -45,6 +49,9 @@ from .streams import SplitStream, StreamBatchIterator
 
 BITS_PER = {"byte": "bpb", "character": "bpc"}  # the names the field reports them by
 TOKEN_UNIT = ChoiceEnum(BITS_PER)
+# data_prep.json's "newlines" (prepare_enwik8): which bytes the bits are over, said beside every printed number,
+# since enwik8's published numbers leave the newlines out and the two do not compare
+NEWLINES = {True: "each newline a scored token", False: "the newlines not scored"}
 
 
 @dataclass
@@ -68,6 +75,13 @@ class FeedbackLanguageModelingConfig(LanguageModelingConfig):
                           "begins, so every token is still scored once per epoch)", "at_least": 1},
     )
     bptt_warmup_updates: int = field(default=0, metadata={"help": "see --bptt-warmup-tokens-per-sample"})
+    random_epoch_offset: bool = field(
+        default=False,
+        metadata={"help": "read the streams of each training epoch from a random token under one block on (drawn "
+                          "from --seed and the epoch, the memory empty there), as the paper's authors train: the "
+                          "blocks differ from epoch to epoch, and up to a block of each stream is left out of an "
+                          "epoch; validation and fairseq-eval-lm still score every token once"},
+    )
     token_unit: Optional[TOKEN_UNIT] = field(
         default=None,
         metadata={"help": "what a token of the data is, 'byte' or 'character': the loss is then also reported in "
@@ -124,7 +138,9 @@ class FeedbackLanguageModelingTask(AdaptiveSpanLossMixin, LanguageModelingTask):
     def __init__(self, args, dictionary, output_dictionary=None, targets=None):
         super().__init__(args, dictionary, output_dictionary, targets)
         self.block_schedule = BlockSchedule(args)
-        self.token_unit = getattr(args, "token_unit", None) or recorded_unit(args.data)
+        recorded = recorded_settings(args.data)
+        self.token_unit = getattr(args, "token_unit", None) or recorded.get("unit")
+        self.newlines = recorded.get("newlines")
 
     @classmethod
     def setup_dictionary(cls, args, **kwargs):
@@ -168,12 +184,13 @@ class FeedbackLanguageModelingTask(AdaptiveSpanLossMixin, LanguageModelingTask):
             check_block(block_length, max_positions)
         rows = max_sentences or max(1, (max_tokens or self.args.tokens_per_sample) // self.args.tokens_per_sample)
 
-        def streams_in(block_length):
+        def streams_in(block_length, offset):
             return dataset.blocks(block_length, self.source_dictionary, self.output_dictionary, self.args.ignore_label,
-                                  rows, num_shards, shard_id)
+                                  rows, num_shards, shard_id, offset)
 
-        return StreamBatchIterator(streams_in, rows * num_shards, self.block_schedule, num_workers=num_workers,
-                                   epoch=epoch)
+        return StreamBatchIterator(streams_in, rows * num_shards, self.block_schedule,
+                                   random_offsets=getattr(self.args, "random_epoch_offset", False),
+                                   seed=self.args.seed, num_workers=num_workers, epoch=epoch)
 
     def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
         self.block_schedule.updates = update_num + 1  # done once this step is, when the next epoch is cut
@@ -193,7 +210,7 @@ class FeedbackLanguageModelingTask(AdaptiveSpanLossMixin, LanguageModelingTask):
         if self.args.labels:
             raise FeedbackUsageError("fairseq-eval-lm scores next-token prediction; drop --labels")
         if self.token_unit:
-            _say_bits_per(self.token_unit)
+            _say_bits_per(f"{self.token_unit}" + (f" ({NEWLINES[self.newlines]})" if self.newlines is not None else ""))
         return self.get_batch_iterator(dataset, max_tokens=max_tokens, max_sentences=batch_size,
                                        max_positions=max_positions, num_shards=num_shards, shard_id=shard_id,
                                        num_workers=num_workers).next_epoch_itr(shuffle=False)
@@ -206,13 +223,13 @@ def check_block(block_length, max_positions) -> None:
                                  "use shorter blocks")
 
 
-def recorded_unit(data: str) -> Optional[str]:
-    """The unit of a token a data_prep script recorded with the data (None: none recorded)."""
+def recorded_settings(data: str) -> dict:
+    """What a data_prep script recorded with the data (its unit of a token, its newlines; empty: nothing)."""
     settings = os.path.join(utils.split_paths(data)[0], "data_prep.json")
     if not os.path.isfile(settings):
-        return None
+        return {}
     with open(settings) as f:
-        return json.load(f).get("unit")
+        return json.load(f)
 
 
 class _BitsPer(logging.Filter):
@@ -231,7 +248,7 @@ class _BitsPer(logging.Filter):
 
 
 def _say_bits_per(unit):
-    """The unit of this evaluation (an earlier one in the same process may have had another)."""
+    """The unit (and convention) of this evaluation (an earlier one in the same process may have had another)."""
     log = logging.getLogger("fairseq_cli.eval_lm")
     for earlier in [f for f in log.filters if isinstance(f, _BitsPer)]:
         log.removeFilter(earlier)

@@ -5,7 +5,10 @@ as its number, a space between, and a newline byte as the end of a line,
 which fairseq turns into its end-of-line token, so a split's tokens are its
 bytes and a base-2 loss per token is bits per byte. (A split whose last byte
 is no newline gets one end-of-line token more: fairseq ends every line with
-one.) Text already written one character per token (char-PTB) is binarized
+one.) Or, without newlines, as Transformer-XL's loader reads that file
+(add_eos=False): the lines' bytes one after another, a newline no token at
+all, binarized by fairseq's own binarizer with no end-of-line token (which
+fairseq-preprocess always appends). Text already written one character per token (char-PTB) is binarized
 as it is. Either way with a dictionary of every symbol (every byte), given
 to fairseq-preprocess as --srcdict, so that no valid or test symbol becomes
 <unk>; the dest records its unit ("byte" or "character") in data_prep.json,
@@ -18,6 +21,7 @@ from pathlib import Path
 from typing import Dict, Iterable
 
 import numpy as np
+from fairseq.binarizer import FileBinarizer, VocabularyDatasetBinarizer
 from fairseq.data import Dictionary, data_utils
 
 from fairseq_feedback_cli.command_line import fail
@@ -29,15 +33,20 @@ NEWLINE = ord("\n")
 BYTE = [str(b) for b in range(256)]
 
 
-def write_bytes(data: bytes, path: Path) -> None:
-    """`data` as prep_enwik8.py writes it: one number per byte, one line per newline."""
+def write_bytes(data: bytes, path: Path, newlines: bool = True) -> None:
+    """`data` as prep_enwik8.py writes it: one number per byte, one line per newline (without
+    `newlines`, the lines that hold a byte: binarized without ends of line, they are one stream)."""
+    lines = data.split(b"\n")[:-1] if data.endswith(b"\n") else data.split(b"\n")
     with open(path, "w", encoding="ascii", newline="\n") as f:
-        for line in data.split(b"\n")[:-1] if data.endswith(b"\n") else data.split(b"\n"):
+        for line in lines if newlines else filter(None, lines):
             f.write(" ".join(map(BYTE.__getitem__, line)) + "\n")
 
 
-def byte_tokens(data: bytes) -> int:
-    """The tokens write_bytes makes of `data` for fairseq: a byte each, and an end of line after a last line."""
+def byte_tokens(data: bytes, newlines: bool = True) -> int:
+    """The tokens write_bytes makes of `data` for fairseq: a byte each, and an end of line after a last line
+    (without `newlines`: the bytes that are no newline)."""
+    if not newlines:
+        return len(data) - data.count(b"\n")
     return len(data) + (bool(data) and not data.endswith(b"\n"))
 
 
@@ -76,9 +85,10 @@ def token_counts(folder: Path, splits: Iterable[str]) -> Dict[str, int]:
 
 
 def binarize_characters(dest: Path, settings: dict, texts: Dict[str, Path], dictionary: Path, workers: int,
-                        expected: Dict[str, int], extra_files=()) -> None:
+                        expected: Dict[str, int], extra_files=(), newlines: bool = True) -> None:
     """fairseq-preprocess --only-source of `texts` with the dictionary `dictionary`,
-    into dest only if each split holds the `expected` tokens."""
+    into dest only if each split holds the `expected` tokens (without `newlines`:
+    fairseq's binarizer with no end-of-line token after a line)."""
     def check(folder: Path) -> None:
         counts = token_counts(folder, texts)
         if counts != expected:
@@ -86,6 +96,14 @@ def binarize_characters(dest: Path, settings: dict, texts: Dict[str, Path], dict
                  + " tokens, expected " + ", ".join(f"{s} {n:,}" for s, n in expected.items()))
         log("tokens: " + ", ".join(f"{split} {n:,}" for split, n in counts.items()))
 
+    def without_ends_of_line(folder: Path) -> None:
+        vocab = Dictionary.load(str(dictionary))
+        log("binarizing without ends of line ...")
+        for split, path in texts.items():
+            FileBinarizer.multiprocess_dataset(str(path), "mmap", VocabularyDatasetBinarizer(vocab, append_eos=False),
+                                               str(folder / split), vocab_size=len(vocab), num_workers=workers)
+        vocab.save(str(folder / "dict.txt"))
+
     binarize(dest, settings, ["--only-source", "--srcdict", str(dictionary),
                               *(arg for split, path in texts.items() for arg in (f"--{split}pref", str(path)))],
-             workers, extra_files, check=check)
+             workers, extra_files, check=check, binarizer=None if newlines else without_ends_of_line)

@@ -4,9 +4,12 @@ enwik8 is the first 100,000,000 bytes of an English Wikipedia dump (the
 Hutter Prize file, enwik8.zip). As Transformer-XL's prep_enwik8.py splits
 it: the first 90M bytes train, the next 5M valid, the last 5M test; one
 token per byte (data_prep/characters.py: a newline byte is fairseq's end of
-line), a dictionary of every byte, fairseq-preprocess --only-source. The
-input must be the 100,000,000 bytes, and each binarized split must hold a
-token per byte: otherwise nothing is written.
+line), a dictionary of every byte, fairseq-preprocess --only-source. With
+--no-newlines, the stream that Transformer-XL's loader and the authors' code
+read and score, on which every published enwik8 number is measured: the
+newline bytes left out, every other byte a token. The input must be the
+100,000,000 bytes, and each binarized split must hold a token per byte
+(newlines aside): otherwise nothing is written.
 """
 
 import functools
@@ -42,33 +45,44 @@ def split(data: bytes) -> dict:
     return {"train": data[:-(valid + test)], "valid": data[-(valid + test):-test], "test": data[-test:]}
 
 
-def make_text(out: Path, enwik8: Path) -> None:
+def make_text(out: Path, enwik8: Path, newlines: bool) -> None:
     data = enwik8.read_bytes()
     if len(data) != BYTES:
         fail(f"{enwik8} holds {len(data):,} bytes, not the {BYTES:,} of enwik8: is it the file of enwik8.zip?")
     splits = split(data)
     for name, part in splits.items():
-        write_bytes(part, out / f"{name}.txt")
+        write_bytes(part, out / f"{name}.txt", newlines)
     write_dictionary(byte_dictionary(splits["train"]), out / "dict.txt")
-    counts = {name: {"bytes": len(part), "tokens": byte_tokens(part)} for name, part in splits.items()}
+    counts = {name: {"bytes": len(part), "newlines": part.count(b"\n"), "tokens": byte_tokens(part, newlines)}
+              for name, part in splits.items()}
     (out / "counts.json").write_text(json.dumps(counts, indent=1) + "\n")
 
 
 def main(argv=None) -> None:
-    args = make_parser(NAME, __doc__).parse_args(argv)
+    parser = make_parser(NAME, __doc__)
+    parser.add_argument("--no-newlines", action="store_true",
+                        help="leave the newline bytes out of the stream, as Transformer-XL's loader (add_eos=False) "
+                             "and the authors' code (without --data-eos) read enwik8: the convention of its published "
+                             "numbers (default: a newline is a token, fairseq's end of line)")
+    args = parser.parse_args(argv)
     resolve_dirs(args)
     archives = list(ARCHIVES.values())
-    settings = {"dataset": NAME, "unit": "byte", "sources": describe_sources(archives, args.raw)}
+    settings = {"dataset": NAME, "unit": "byte", "newlines": not args.no_newlines,
+                "sources": describe_sources(archives, args.raw)}
     if dest_is_done(args.dest, settings):
         return
     files = gather_inputs(archives, args.raw, args.work)
-    text = step(args.work / "text", functools.partial(make_text, enwik8=files["enwik8"]), settings)
+    text = step(args.work / "text", functools.partial(make_text, enwik8=files["enwik8"], newlines=not args.no_newlines),
+                settings)
     counts = json.loads((text / "counts.json").read_text())
     binarize_characters(args.dest, settings, {name: text / f"{name}.txt" for name in counts}, text / "dict.txt",
                         args.workers, {name: c["tokens"] for name, c in counts.items()},
-                        extra_files=[text / "counts.json"])
+                        extra_files=[text / "counts.json"], newlines=not args.no_newlines)
+    newlines = ", ".join(f"{c['newlines']:,}" for c in counts.values())
     log("bytes: " + ", ".join(f"{name} {c['bytes']:,}" for name, c in counts.items())
-        + " (the published split: examples/enwik8/README.md)")
+        + (f", without their newlines ({newlines}): the convention of the published numbers" if args.no_newlines else
+           f", each newline a token ({newlines}): not the convention of the published numbers, which leave the "
+           "newlines out (--no-newlines)") + " (the published split: examples/enwik8/README.md)")
 
 
 if __name__ == "__main__":

@@ -98,28 +98,32 @@ def dest_is_done(dest: Path, settings: dict) -> bool:
 
 def binarize(dest: Path, settings: dict, preprocess_args: List[str], workers: int,
              extra_files: Sequence[Path] = (), check: Optional[Callable[[Path], None]] = None,
-             work: Optional[Path] = None) -> None:
-    """Run fairseq-preprocess into a folder that becomes dest when complete
-    (and, given `check`, when check(folder) found what it made right). What
-    it reads is checked first (text.check_text), in one line naming the file
-    and the line; its log goes to WORK/fairseq-preprocess.log (`work`: by
+             work: Optional[Path] = None, binarizer: Optional[Callable[[Path], None]] = None) -> None:
+    """Run fairseq-preprocess (or binarizer(folder), which writes what it
+    would) into a folder that becomes dest when complete (and, given `check`,
+    when check(folder) found what it made right). What it reads is checked
+    first (text.check_text), in one line naming the file and the line;
+    fairseq-preprocess's log goes to WORK/fairseq-preprocess.log (`work`: by
     default the folder of what it reads), not to the screen, and where it
     still fails (a full disk) its last words make the one line."""
     inputs = preprocess_inputs(preprocess_args)
     for path in inputs:
         check_text(path, "check the raw files it is made from")
     log_path = (work or inputs[0].parent) / "fairseq-preprocess.log"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_folder(dest) as tmp:
-        # the same interpreter as ours, so the fairseq we were installed with
-        cmd = [sys.executable, "-m", "fairseq_cli.preprocess", *preprocess_args,
-               "--destdir", str(tmp), "--workers", str(workers)]
-        log(f"running fairseq-preprocess (its log: {log_path}) ...")
-        with open(log_path, "w", encoding="utf-8") as output:
-            rc = subprocess.run(cmd, stdout=output, stderr=output).returncode
-        if rc != 0:
-            fail(f"fairseq-preprocess failed with exit status {rc}: {last_words(log_path)} (its whole log: "
-                 f"{log_path})")
+        if binarizer is not None:
+            binarizer(tmp)
+        else:
+            # the same interpreter as ours, so the fairseq we were installed with
+            cmd = [sys.executable, "-m", "fairseq_cli.preprocess", *preprocess_args,
+                   "--destdir", str(tmp), "--workers", str(workers)]
+            log(f"running fairseq-preprocess (its log: {log_path}) ...")
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            with open(log_path, "w", encoding="utf-8") as output:
+                rc = subprocess.run(cmd, stdout=output, stderr=output).returncode
+            if rc != 0:
+                fail(f"fairseq-preprocess failed with exit status {rc}: {last_words(log_path)} (its whole log: "
+                     f"{log_path})")
         if check is not None:
             check(tmp)
         for f in extra_files:
