@@ -17,7 +17,6 @@ import pytest
 import torch
 from fairseq.optim import FP16Optimizer
 from helpers import make_dictionary, tiny_translation_model
-from pages import REPO, fenced_blocks
 from torch.overrides import TorchFunctionMode
 from torch.utils._device import _device_constructors
 
@@ -392,30 +391,3 @@ def test_bad_rows_budgets_and_bandwidths_are_one_line(args, error):
         benchmark.main(["--preset", "tiny", *args])
     assert str(stopped.value) in (f"error: {error}", f"error: {error} (see --help)")
 
-
-def test_the_rows_sweep_of_docs_performance_md_prints_both_models_at_each_batch_the_best_and_the_profile(capsys):
-    """docs/performance.md's --rows command at tiny sizes: a row per model and
-    batch, each at its fastest batch with the ratio of the two, and the
-    feedback model's step profiled operator by operator at the smallest and
-    the largest batch, the columns the page shows."""
-    page = REPO / "docs" / "performance.md"
-    (block,) = [b for b in fenced_blocks(page) if b.is_shell and b.marker == "run by tests/test_benchmark.py"]
-    command, *args = block.text.split()
-    assert command == "feedback-benchmark" and "--rows" in args
-    with tempfile.TemporaryDirectory() as folder:
-        benchmark.main([*args, "--preset", "tiny", "--json", f"{folder}/figures.json"])
-        written = json.load(open(f"{folder}/figures.json"))
-    out = capsys.readouterr().out
-    sweep = written["rows"]["lm"]
-    batches = [int(n) for n in args[args.index("--rows") + 1].split(",")]
-    assert [b["rows"] for b in sweep["batches"]] == batches and sweep["models"] == ["transformer_lm", "feedback_lm"]
-    for n in batches:
-        for model in sweep["models"]:
-            assert re.search(rf"^\s+{n}\s+{model}\s+[\d,.]+\s", out, re.M), (n, model)
-    best = sweep["best"]
-    assert re.search(rf"^each at its fastest batch .*feedback / fairseq {best['feedback / fairseq']:.2f}$", out, re.M)
-    assert set(sweep["profiles"]) == {str(min(batches)), str(max(batches))}
-    shown = [" ".join(line.split()) for b in fenced_blocks(page) if b.language == "text" and b.line > block.line
-             for line in b.text.splitlines() if line.strip().startswith(("rows ", "operator "))][:3]
-    printed = {" ".join(line.split()) for line in out.splitlines()}
-    assert shown and all(header in printed for header in shown), shown

@@ -141,28 +141,49 @@ def test_the_rows_sweep_gives_both_models_at_each_batch_each_at_its_best_and_the
     batches, the best-batch ratio, and the feedback model's step profiled
     at both, operator by operator on the CPU, beside the sweep."""
     _, report, markdown, out = checked
-    for key, only, fairseq, feedback in (("3d", "translation", "transformer", "feedback_transformer"),
-                                         ("3e", "lm", "transformer_lm", "feedback_lm")):
+    for key, only, fairseq, feedback, batches in (("3d", "translation", "transformer", "feedback_transformer", [2, 8]),
+                                                  ("3e", "lm", "transformer_lm", "feedback_lm", [8, 32, 128])):
         (record,) = [r for r in report["steps"] if r["step"] == key]
         sweep = record["figures"]
-        assert [batch["rows"] for batch in sweep["batches"]] == [2, 8] and sweep["models"] == [fairseq, feedback]
+        assert [batch["rows"] for batch in sweep["batches"]] == batches and sweep["models"] == [fairseq, feedback]
         for batch in sweep["batches"]:
             assert all(batch["figures"][model]["train tok/s"] > 0 for model in (fairseq, feedback))
             assert batch["figures"][feedback]["graphs MB"] > 0 and batch["figures"][fairseq]["peak MB"] is None
         best = sweep["best"]
         assert best["feedback / fairseq"] == pytest.approx(best[feedback]["train tok/s"] / best[fairseq]["train tok/s"])
-        assert set(sweep["profiles"]) == {"2", "8"}
+        assert set(sweep["profiles"]) == {str(batches[0]), str(batches[-1])}
         for table in sweep["profiles"].values():
             assert table["kind"] == "operator" and table["rows"] and 0 < table["share"] <= 1
             assert table["counted per step"] == pytest.approx(table["per step"], rel=0.02)
         printed = (out / "logs" / f"rows-{only}.log").read_text()
-        for rows in (2, 8):
+        for rows in batches:
             for model in (fairseq, feedback):
                 assert re.search(rf"^\s+{rows}\s+{model}\s+[\d,.]+", printed, re.M), (rows, model)
         assert re.search(r"^each at its fastest batch .*; feedback / fairseq \d+\.\d\d$", printed, re.M)
         section = markdown.split(f"### {key}. ")[1].split("\n### ")[0]
         assert "| operator | per target step | us per target step | share | shapes |" in section
-        assert f"| 8 | {fairseq} | " in section and NOT_MEASURED in section
+        assert f"| {batches[-1]} | {fairseq} | " in section and NOT_MEASURED in section
+
+
+def test_step_3e_runs_the_rows_sweep_of_docs_performance_md(checked):
+    """The page's command, at the check's sizes and with its options (tiny,
+    fp16, the graphs through the stand-in; one thread on the CPU); the
+    columns of the table the page shows, among those it printed."""
+    _, report, _, out = checked
+    page = open(os.path.join(REPO, "docs/performance.md")).read()
+    (block,) = re.findall(r"<!-- run by tests/test_gpu_check.py -->\n```bash\n(.*?)```", page, flags=re.S)
+    (record,) = [r for r in report["steps"] if r["step"] == "3e"]
+
+    def options(words):
+        return dict(zip(words[1::2], words[2::2]))
+
+    shown, ran = block.split(), record["commands"][0].split()
+    assert ran[0] == shown[0] == "feedback-benchmark"
+    assert {k: v for k, v in options(shown).items() if k != "--threads"}.items() <= options(ran).items()
+    header = next(line for line in page.split(block)[1].splitlines() if line.strip().startswith("rows "))
+    printed = next(line for line in (out / "logs" / "rows-lm.log").read_text().splitlines()
+                   if line.strip().startswith("rows "))
+    assert set(re.split(r"\s{2,}", header.strip())) <= set(re.split(r"\s{2,}", printed.strip()))
 
 
 def test_two_ranks_with_graphs_equal_one_rank_with_twice_the_batch(checked):

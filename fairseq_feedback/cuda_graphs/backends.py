@@ -176,7 +176,7 @@ class CudaGraphBackend(GraphBackend):
 
     def pool_segments_bytes(self) -> Optional[int]:  # CUDA only
         """The bytes of the allocator's segments of the pool (None: a torch whose snapshot does not say)."""
-        segments = [s for s in torch.cuda.memory_snapshot() if s.get("device") == self.device.index]
+        segments = torch.cuda.memory_snapshot()  # a pool's id is unique across devices
         if any("segment_pool_id" not in s for s in segments):
             return None
         return sum(s["total_size"] for s in segments if tuple(s["segment_pool_id"]) == tuple(self.pool))

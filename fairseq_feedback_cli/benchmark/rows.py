@@ -6,9 +6,8 @@ its own), the two models' calls interleaved; then each model at its fastest batc
 budget, and the ratio of the two: how much slower exact feedback is when each trains as it trains
 best. The feedback model's step is profiled at the smallest and the largest batch (profile.py)."""
 
-import copy
 import gc
-from typing import Dict, List, Optional, Sequence
+from typing import List, Optional, Sequence
 
 import torch
 
@@ -63,50 +62,44 @@ def bytes_read(model, steps: int, rows: int, carried: bool, source_len: Optional
     return 2 * (weights - loop + steps * loop + reads)
 
 
-def translation_at(p, rows, dictionary, build, seed, device, dtype, cuda_graphs, memory):
-    """The translation pair with `rows` sentences a batch, each model from `build(arch, options)`:
-    (models, training steps, steps per call, and bytes_read's arguments of the pair)."""
+def translation_at(p, rows, built, dictionary, seed, device, memory):
+    """Training steps of the translation pair `built` on `rows` sentences a
+    batch, each with an optimizer of its own (charged to its model in
+    `memory`): (the steps, target steps per call, bytes_read's arguments)."""
     g = torch.Generator().manual_seed(seed)
     src, target = (random_tokens(dictionary, rows, p["length"], g).to(device) for _ in range(2))
-    built = models([("transformer", "transformer", []), ("feedback_transformer", "feedback_transformer", [])], build,
-                   device, dtype, cuda_graphs, memory=memory, eager_too=False)
     train = {}
     for name, model in built.items():
         with memory.charged(name):  # fp16's fp32 master weights
             train[name] = translation_training(model, dictionary, src, target, optimizer_for(model))
-    return built, train, p["length"], dict(carried=False, source_len=p["length"])
+    return train, p["length"], dict(carried=False, source_len=p["length"])
 
 
-def language_model_at(p, rows, dictionary, build, seed, device, dtype, cuda_graphs, memory):
-    """The language-model pair with `rows` streams, the memory carried from block to block."""
+def language_model_at(p, rows, built, dictionary, seed, device, memory):
+    """The language-model pair's on `rows` streams, the memory carried from block to block."""
     blocks = stream_blocks(dictionary, rows, p["block"], torch.Generator().manual_seed(seed), device)
-    built = models(language_model_pairs(p), build, device, dtype, cuda_graphs, memory=memory, eager_too=False)
     train = {}
     for name, model in built.items():
         with memory.charged(name):
             train[name] = training_step(model, *consecutive_blocks(model, blocks))
-    return built, train, p["block"], dict(carried=True, source_len=None)
+    return train, p["block"], dict(carried=True, source_len=None)
 
 
-class Built:
-    """build(arch, p, dictionary, seed, options) as `(arch, options)`, on the CPU once per model (fairseq's
-    option parsing takes seconds a model), then a copy for each batch, which trains its own from the
-    same weights."""
-
-    def __init__(self, build, p, dictionary, seed):
-        self.build, self.p, self.dictionary, self.seed = build, p, dictionary, seed
-        self.models = {}
-
-    def __call__(self, arch, options):
-        key = (arch, tuple(options))
-        if key not in self.models:
-            self.models[key] = self.build(arch, self.p, self.dictionary, self.seed, options)
-        return copy.deepcopy(self.models[key])
-
-
-PAIRS = {"translation": (translation_at, build_translation_model), "lm": (language_model_at, build_language_model)}
-MODELS = {"translation": ["transformer", "feedback_transformer"], "lm": ["transformer_lm", "feedback_lm"]}
+PAIRS = {"translation": (translation_at, build_translation_model,
+                         lambda p: [("transformer", "transformer", []),
+                                    ("feedback_transformer", "feedback_transformer", [])]),
+         "lm": (language_model_at, build_language_model, language_model_pairs)}
 UNITS = {"translation": "sentences a batch", "lm": "streams"}
+
+
+def as_built(built, initial) -> None:
+    """Each model's weights as they were built, and a feedback model's graphs
+    afresh (--cuda-graphs as before): each batch trains from the same start."""
+    for name, model in built.items():
+        model.load_state_dict(initial[name])
+        graphed = getattr(model.decoder, "graphed", None)
+        if graphed is not None:
+            model.decoder.use_cuda_graphs(graphed.mode)
 
 
 def sweep(which: str, p: dict, rows: Sequence[int], seed: int, device: torch.device, dtype, cuda_graphs: str,
@@ -114,41 +107,51 @@ def sweep(which: str, p: dict, rows: Sequence[int], seed: int, device: torch.dev
     """Each batch of `rows`, both models: printed, and returned for --json
     (figures by batch and model, the fastest batch of each within `budget`
     bytes of peak memory (None: every batch), the ratio at it, and the
-    feedback model's profiles at the smallest and the largest batch)."""
+    feedback model's profiles at the smallest and the largest batch). The
+    models are built once (fairseq's option parsing takes seconds a model),
+    and each batch starts them from the same weights, with an optimizer and
+    graphs of its own, its peak memory counted from their weights."""
+    pair, build, pairs = PAIRS[which]
+    dictionary = make_dictionary(p["vocab"])
+    weights = PeakMemory.on(device)
+    built = models(pairs(p), lambda arch, extra: build(arch, p, dictionary, seed, extra), device, dtype, cuda_graphs,
+                   memory=weights, eager_too=False)
+    initial = {name: {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+               for name, model in built.items()}
     batches: List[dict] = []
     profiles = {}
-    pair, build = PAIRS[which]
-    dictionary = make_dictionary(p["vocab"])
-    build = Built(build, p, dictionary, seed)
     for n in rows:
-        memory = PeakMemory.on(device)
+        as_built(built, initial)
+        memory = weights.copy()
         try:
-            batch = measured(pair(p, n, dictionary, build, seed, device, dtype, cuda_graphs, memory), p, n, device,
-                             memory, bandwidth, profile=n in (min(rows), max(rows)))
+            workloads = pair(p, n, built, dictionary, seed, device, memory)
+            batch = measured(built, *workloads, n, device, memory, p["repeats"], bandwidth,
+                             profile=n in (min(rows), max(rows)))
         except torch.cuda.OutOfMemoryError as error:  # CUDA only: the larger batches are not tried
             batches.append({"rows": n, "out of memory": str(error).splitlines()[0]})
             break
         finally:
-            gc.collect()
-            if device.type == "cuda":  # CUDA only: what the batch's models held goes back before the next
+            workloads = None
+            if device.type == "cuda":  # CUDA only: the batch's optimizers and graphs go before the next
+                gc.collect()
                 torch.cuda.empty_cache()
-        profiles.update(batch.pop("profile", {}))
+        profiles.update(batch.pop("profile"))
         batches.append(batch)
-    names = MODELS[which]
-    best = fastest(batches, names, budget)
-    result = {"rows": list(rows), "unit": UNITS[which], "models": names, "batches": batches, "best": best,
-              "memory budget MB": None if budget is None else budget / 2**20,
+    names = list(built)
+    result = {"rows": list(rows), "unit": UNITS[which], "models": names, "batches": batches,
+              "best": fastest(batches, names, budget), "memory budget MB": None if budget is None else budget / 2**20,
               "bandwidth GB/s": None if bandwidth is None else bandwidth / 1e9, "profiles": profiles}
     print_sweep(which, p, result)
     return result
 
 
-def measured(pair, p, n, device, memory, bandwidth, profile: bool) -> dict:
-    """One batch of the sweep, of `n` rows (`pair`: translation_at's or language_model_at's): the figures
-    of each model, and with `profile`, the feedback model's profile, by batch."""
-    built, train, steps, shape = pair
+def measured(built, train, steps, shape, n, device, memory, repeats, bandwidth, profile: bool) -> dict:
+    """One batch of the sweep, of `n` rows: the figures of each model (its
+    training step `train[name]`, of `steps` target steps; `shape`:
+    bytes_read's arguments), and with `profile`, the feedback model's
+    profile, by batch."""
     finite = FiniteResults()
-    rates, _ = interleaved_rates(built, train, p["repeats"], "training", finite, memory)
+    rates, _ = interleaved_rates(built, train, repeats, "training", finite, memory)
     peaks = memory.column("training")
     theirs, ours = list(built)
     figures, profiles = {}, {}
