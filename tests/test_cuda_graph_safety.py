@@ -738,6 +738,27 @@ def test_graphs_of_every_shape_share_one_set_of_buffers_and_the_pool_holds_one_c
     assert alone.pool_bytes < eager.reserved
 
 
+def test_the_stand_ins_pool_keeps_the_most_that_was_ever_alive_in_it_at_once():
+    """PoolAccount's rules, CUDA's caching allocator's for a graph's pool:
+    what an operator makes is counted until it is freed, and what is freed
+    stays in the pool for later captures (reserved: the most alive at once);
+    views, writes in place and the tensors an operator reads make nothing,
+    and a storage is counted once however many tensors share it."""
+    x = torch.ones(256)  # 1 kB, from before: not the pool's
+    with PoolAccount() as pool:
+        a = x * 2  # 1 kB
+        square = a.view(16, 16)
+        a.add_(1)
+        both = torch.cat([a, a])  # 2 kB: 3 kB alive
+        del both
+        b = a + square.flatten()  # 1 kB: 2 kB alive
+    assert (pool.live, pool.reserved) == (2048, 3072)
+    del a
+    assert pool.live == 2048  # the view keeps its storage
+    del square, b
+    assert (pool.live, pool.reserved) == (0, 3072)
+
+
 def test_on_a_gpu_a_captures_outputs_are_views_that_own_no_memory():
     """What makes nothing of a graph stay in the pool on a GPU: its outputs
     and gradients are handed out as views that own none of their memory
