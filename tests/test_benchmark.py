@@ -21,7 +21,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._device import _device_constructors
 
 from fairseq_feedback_cli import benchmark
-from fairseq_feedback_cli.benchmark import breakdown, graphs, measure, operators, tables, workloads
+from fairseq_feedback_cli.benchmark import breakdown, graphs, measure, operators, rows, tables, workloads
 from fairseq_feedback_cli.presets import PRESETS
 
 
@@ -337,3 +337,57 @@ def test_the_first_batches_count_every_capture_and_each_new_shapes_cost():
     assert len(calls) == 6  # two passes: the second captured nothing
     assert 300 / 0.6 < rates["graphed"] <= 300 / 0.35 and 300 / 0.1 < rates["eager"] <= 300 / 0.03
     assert per_shape.keys() == {"graphed"} and 0.14 < per_shape["graphed"] < 0.3  # (0.35 - 0.03) / 2
+
+
+# --- speed against rows ---------------------------------------------------------------------------------
+
+def test_each_models_fastest_batch_fits_the_memory_budget_and_the_ratio_is_of_the_two_bests():
+    """--rows: each model at the batch where it trains fastest, among those
+    whose peak fits --memory-budget and whose graphs did not give up (their
+    rows would be an eager model's); a batch that ran out of memory counts
+    for neither."""
+    def batch(n, fairseq, feedback, gave_up=None):
+        return {"rows": n, "figures": {
+            "t": {"train tok/s": fairseq[0], "peak MB": fairseq[1], "graphs gave up": None},
+            "f": {"train tok/s": feedback[0], "peak MB": feedback[1], "graphs gave up": gave_up}}}
+
+    batches = [batch(8, (100, 10), (50, 20)), batch(32, (120, 40), (90, 80)),
+               {"rows": 128, "out of memory": "CUDA out of memory"}]
+    best = rows.fastest(batches, ["t", "f"], budget=50 * 2**20)
+    assert (best["t"]["rows"], best["f"]["rows"], best["feedback / fairseq"]) == (32, 8, 50 / 120)
+    assert rows.fastest(batches, ["t", "f"], budget=None)["feedback / fairseq"] == 90 / 120
+    batches[1] = batch(32, (120, 40), (90, 80), gave_up="out of memory in capture")
+    assert rows.fastest(batches, ["t", "f"], budget=None)["f"]["rows"] == 8
+    assert rows.fastest(batches, ["t", "f"], budget=2**20)["feedback / fairseq"] is None  # f fits no batch
+
+
+def test_a_feedback_step_reads_the_loops_weights_at_every_step_and_the_memory_over_the_span():
+    """The bytes a training step must read: fairseq's model its weights once
+    (forward and backward), whatever the rows; the feedback model the loop's
+    weights at every step, and in each layer the keys and values of its
+    memory (from m_{-1} at the start of a block, or over the whole span when
+    carried) and of the source, more with every row."""
+    transformer, _ = tiny_translation_model(arch="transformer")
+    feedback, _ = tiny_translation_model("--memory-span", "4")
+    weights = sum(t.numel() * t.element_size() for t in transformer.parameters())
+    assert rows.bytes_read(transformer, 8, 2, False, 5) == rows.bytes_read(transformer, 8, 64, False, 5) == 2 * weights
+    decoder = feedback.decoder
+    loop = sum(t.numel() * t.element_size() for t in [*decoder.memory.parameters(), *decoder.layers.parameters()])
+    slot, layers = 2 * decoder.memory.num_heads * decoder.memory.head_dim * 4, len(decoder.layers)  # k and v, fp32
+    read = lambda steps, n, carried=False: rows.bytes_read(feedback, steps, n, carried, 5)  # noqa: E731
+    from_m_minus_1 = sum(min(t + 1, 4) for t in range(8))  # 1, 2, 3, 4, 4, ...
+    assert read(8, 3) - read(8, 2) == 2 * layers * slot * (from_m_minus_1 + 8 * 5)
+    assert read(8, 2, carried=True) - read(8, 2) == 2 * 2 * layers * slot * (8 * 4 - from_m_minus_1)
+    assert read(16, 2, True) - read(8, 2, True) == 2 * 8 * (loop + 2 * layers * slot * (4 + 5))
+
+
+@pytest.mark.parametrize("args, error", [
+    (["--rows", "0,8"], "argument --rows: rows are whole numbers of 1 or more, as in 8,32,128; got '0,8'"),
+    (["--rows", "8,x"], "argument --rows: rows are whole numbers of 1 or more, as in 8,32,128; got '8,x'"),
+    (["--rows", "8", "--memory-budget", "0"], "--memory-budget must be a number above 0, got 0"),
+    (["--rows", "8", "--bandwidth", "nan"], "--bandwidth must be a number above 0, got nan")])
+def test_bad_rows_budgets_and_bandwidths_are_one_line(args, error):
+    with pytest.raises(SystemExit) as stopped:
+        benchmark.main(["--preset", "tiny", *args])
+    assert str(stopped.value) in (f"error: {error}", f"error: {error} (see --help)")
+

@@ -87,7 +87,7 @@ def checked(tmp_path_factory):
 def test_the_whole_sequence_runs_on_the_cpu_in_order_with_a_line_per_step(checked):
     stdout, report, _, out = checked
     keys = [step.key for step in cli.STEPS]
-    assert [record["step"] for record in report["steps"]] == keys == ["1", "2", "3a", "3b", "3c", "4"]
+    assert [record["step"] for record in report["steps"]] == keys == ["1", "2", "3a", "3b", "3c", "3d", "3e", "4"]
     assert all(record["status"] == "passed" for record in report["steps"]), report["steps"]
     finished = re.findall(r"^\[(\w+)\] passed in \d+ s: ", stdout, re.M)
     assert finished == keys
@@ -136,9 +136,59 @@ def test_the_benchmark_compares_graphs_eager_and_fairseq_and_says_what_the_cpu_c
     assert eval_lm["graphs captured"] > 0
 
 
+def test_the_rows_sweep_gives_both_models_at_each_batch_each_at_its_best_and_the_profile(checked):
+    """Steps 3d and 3e, feedback-benchmark --rows 2,8: both models at both
+    batches, the best-batch ratio, and the feedback model's step profiled
+    at both, operator by operator on the CPU, beside the sweep."""
+    _, report, markdown, out = checked
+    for key, only, fairseq, feedback, batches in (("3d", "translation", "transformer", "feedback_transformer", [2, 8]),
+                                                  ("3e", "lm", "transformer_lm", "feedback_lm", [8, 32, 128])):
+        (record,) = [r for r in report["steps"] if r["step"] == key]
+        sweep = record["figures"]
+        assert [batch["rows"] for batch in sweep["batches"]] == batches and sweep["models"] == [fairseq, feedback]
+        for batch in sweep["batches"]:
+            assert all(batch["figures"][model]["train tok/s"] > 0 for model in (fairseq, feedback))
+            assert batch["figures"][feedback]["graphs MB"] > 0 and batch["figures"][fairseq]["peak MB"] is None
+        best = sweep["best"]
+        assert best["feedback / fairseq"] == pytest.approx(best[feedback]["train tok/s"] / best[fairseq]["train tok/s"])
+        assert set(sweep["profiles"]) == {str(batches[0]), str(batches[-1])}
+        for table in sweep["profiles"].values():
+            assert table["kind"] == "operator" and table["rows"] and 0 < table["share"] <= 1
+            assert table["counted per step"] == pytest.approx(table["per step"], rel=0.02)
+        printed = (out / "logs" / f"rows-{only}.log").read_text()
+        for rows in batches:
+            for model in (fairseq, feedback):
+                assert re.search(rf"^\s+{rows}\s+{model}\s+[\d,.]+", printed, re.M), (rows, model)
+        assert re.search(r"^each at its fastest batch .*; feedback / fairseq \d+\.\d\d$", printed, re.M)
+        section = markdown.split(f"### {key}. ")[1].split("\n### ")[0]
+        assert "| operator | per target step | us per target step | share | shapes |" in section
+        assert f"| {batches[-1]} | {fairseq} | " in section and NOT_MEASURED in section
+
+
+def test_step_3e_runs_the_rows_sweep_of_docs_performance_md(checked):
+    """The page's command, at the check's sizes and with its options (tiny,
+    fp16, the graphs through the stand-in; one thread on the CPU); the
+    columns of the table the page shows, among those it printed."""
+    _, report, _, out = checked
+    page = open(os.path.join(REPO, "docs/performance.md")).read()
+    (block,) = re.findall(r"<!-- run by tests/test_gpu_check.py -->\n```bash\n(.*?)```", page, flags=re.S)
+    (record,) = [r for r in report["steps"] if r["step"] == "3e"]
+
+    def options(words):
+        return dict(zip(words[1::2], words[2::2]))
+
+    shown, ran = block.split(), record["commands"][0].split()
+    assert ran[0] == shown[0] == "feedback-benchmark"
+    assert {k: v for k, v in options(shown).items() if k != "--threads"}.items() <= options(ran).items()
+    header = next(line for line in page.split(block)[1].splitlines() if line.strip().startswith("rows "))
+    printed = next(line for line in (out / "logs" / "rows-lm.log").read_text().splitlines()
+                   if line.strip().startswith("rows "))
+    assert set(re.split(r"\s{2,}", header.strip())) <= set(re.split(r"\s{2,}", printed.strip()))
+
+
 def test_two_ranks_with_graphs_equal_one_rank_with_twice_the_batch(checked):
     _, report, markdown, _ = checked
-    figures = report["steps"][5]["figures"]
+    figures = report["steps"][-1]["figures"]
     assert figures["backend"] == "gloo" and figures["largest parameter difference"] <= 1e-5
     assert all(figures["graphs captured (one rank, rank 0 of two)"])
     assert figures["NCCL"].startswith(NOT_MEASURED)
@@ -222,6 +272,8 @@ def test_a_command_that_fails_fails_its_step_with_its_error_line_and_parts_not_a
     first, second = report_of(tmp_path)["steps"]
     assert (first["status"], first["summary"]) == ("not run", "not asked for (--parts)")
     assert second["commands"] == ["fairseq-train data-bin"]
+    proc = check_with([step("3a", passes), step("3d", passes)], tmp_path, "--parts", "3d")  # a part's step alone
+    assert proc.returncode == 0 and [r["status"] for r in report_of(tmp_path)["steps"]] == ["not run", "passed"]
 
 
 def test_a_failing_gpu_test_fails_step_1_and_names_the_test(tmp_path):
@@ -290,7 +342,7 @@ def test_a_step_that_would_not_fit_is_skipped_for_time_and_said_so(tmp_path):
     proc = check_with([step("1", passes), step("2", passes, estimate=3600), step("3a", passes)], tmp_path)
     assert proc.returncode == 2
     assert "[2] skipped for time: needs about 3600 s, " in proc.stdout
-    assert "passed 1, 3a; skipped or stopped for time: 2 (--minutes 9)" in proc.stdout.splitlines()[-1]
+    assert "passed 1, 3a; skipped or stopped for time: 2 (--minutes 13)" in proc.stdout.splitlines()[-1]
     report = report_of(tmp_path)
     assert report["status"] == "incomplete" and report["steps"][1]["seconds"] is None
     unlimited = tmp_path / "unlimited"  # --minutes inf was refused as "must be a number above 0, got inf"
@@ -353,8 +405,8 @@ def test_a_folder_that_is_not_a_checks_is_never_replaced_and_bad_options_are_one
     for args, error in (
             (["--device", "cpu", "--cuda-graphs", "auto"], "--cuda-graphs auto runs no graphs on the CPU: pass "
                                                            "--cuda-graphs emulate"),
-            (["--device", "cpu", "--parts", "2,5"], "argument --parts: the parts are 1, 2, 3 and 4, as in 1,2,3,4; "
-                                                    "got '2,5' (see --help)"),
+            (["--device", "cpu", "--parts", "2,5"], "argument --parts: the parts are 1, 2, 3 and 4, as in 1,2,3,4, "
+                                                    "and a part's steps are 3a, 3b, 3c, 3d, 3e; got '2,5' (see --help)"),
             (["--device", "cpu", "--minutes", "0"], "--minutes must be a number above 0 (inf: no limit), got 0"),
             # nan compares false with everything: it skipped every step, or passed every loss
             (["--device", "cpu", "--minutes", "nan"], "--minutes must be a number above 0 (inf: no limit), got nan"),

@@ -10,13 +10,16 @@ torch.cuda.make_graphed_callables takes a callable and sample arguments).
         +-- CacheStatistics                      statistics.py: the hit rate, and the line the log shows;
         |                                        GraphStatistics, the cache's figures (GraphCache.summary)
         +-- PoolLedger                           pool_ledger.py: the pool's replays, and the forward that
-        |                                        awaits its backward (then every call runs eagerly)
+        |     |                                  awaits its backward (then every call runs eagerly)
+        |     +-- StaticBuffers                  static_buffers.py: the static inputs and output gradients,
+        |                                        one set that every graph of the cache shares
         |
         +-- GraphedFunction(fn, ...)             graphed_function.py: one function's graphs, captured at
               |  then graphed(fn, *inputs)       construction (collector paused), replayed at each call,
               |                                  the eager result at any failure
               +-- backend.capture / replay       backends.py: CUDA's calls (CudaGraphBackend), or the
-              |                                  stand-in that keeps a GPU's rules on any device
+              |                                  stand-in that keeps a GPU's rules on any device and
+              |                                  counts the pool's bytes as CUDA's allocator keeps them
               +-- StoragesMade                   storages_made.py: what a capture leaves in the pool
               +-- EagerChecks.due / judge        checks.py: which checks a call is due, and the verdict
               +-- Replay.apply                   replay.py: a training call as one autograd node, whose
@@ -29,6 +32,12 @@ Ownership runs one way: a cache owns its graphs, a graph its function and
 static tensors; nothing of a graph points back at its cache or at whoever
 owns the cache, so a dropped cache's graphs are freed at once, never by the
 cyclic collector in the middle of a later capture.
+
+Memory: graphs of every shape share one pool, and nothing of a graph stays
+in it after its capture (its outputs and gradients are views owning no
+memory, read before another replay), so the pool holds what one capture
+needs, the largest; their static inputs and output gradients are one set,
+the largest graph's.
 """
 
 from .backends import CudaGraphBackend, RecordedGraphBackend

@@ -36,7 +36,12 @@ would go wrong on a GPU goes wrong here too:
   as torch before 2.13 leaves CUDA's: every random operator raises until the
   backend recovers it;
 - a recorded graph holds only its function and outputs (no reference back
-  to what owns it), as a CUDA graph holds only kernels and addresses.
+  to what owns it), as a CUDA graph holds only kernels and addresses;
+- the pool's bytes are counted as CUDA's caching allocator keeps them
+  (PoolAccount): what a capture allocates comes from the pool, and what it
+  frees goes back to the pool for later captures, never to the device, so
+  the pool holds the most that was ever alive in it at once; a capture's
+  outputs, handed out as unowned views on a GPU (`unowned`), go back too.
 
 A failed capture is recovered in one place, `capture`, whichever backend:
 what the device needs (`recover`) before anything else runs.
@@ -52,7 +57,9 @@ from typing import Callable, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode, _len_torch_dispatch_stack, _pop_mode, _push_mode
+from torch.utils._python_dispatch import (TorchDispatchMode, _disable_current_modes, _len_torch_dispatch_stack,
+                                         _pop_mode, _push_mode)
+from torch.utils._pytree import tree_leaves
 
 from .capabilities import cuda_graphs_unsupported, end_allocating_to_pool
 
@@ -82,7 +89,10 @@ class GraphBackend:
 
     def capture(self, fn: CapturedFunction, owner) -> Tuple[object, Outputs]:
         """A graph of fn(), and fn's outputs as the graph's replays will write
-        them; `owner`'s graphs never overlap one another in the pool."""
+        them, owning no memory: the pool takes theirs back for later
+        captures, and what a replay writes there is read before any other
+        replay (graphed_function.py). `owner`'s graphs never overlap one
+        another in the pool."""
         try:
             return self.capture_graph(fn, owner)
         except BaseException:
@@ -101,6 +111,10 @@ class GraphBackend:
         """What the device needs after a failed capture, before anything else runs."""
         raise NotImplementedError
 
+    def pool_bytes(self) -> Optional[int]:
+        """What the graphs' memory pool holds from the device (None: not known)."""
+        raise NotImplementedError
+
 
 class CudaGraphBackend(GraphBackend):
     """torch.cuda's graphs, all on one memory pool, captured on a stream of
@@ -114,6 +128,7 @@ class CudaGraphBackend(GraphBackend):
         super().__init__(torch.device("cuda", torch.cuda._get_device_index(device, optional=True)))
         self.pool = torch.cuda.graph_pool_handle()
         self.stream = torch.cuda.Stream(self.device)  # captures may not run on the default stream
+        self.reserved: Optional[int] = 0  # the pool's bytes, read after each capture (the only time they grow)
 
     def unsupported(self) -> Optional[str]:  # CUDA only
         return cuda_graphs_unsupported(self.generator)
@@ -128,7 +143,8 @@ class CudaGraphBackend(GraphBackend):
             finally:
                 graph.capture_end()  # ends an invalidated capture too (and raises)
         torch.cuda.current_stream(self.device).wait_stream(self.stream)
-        return graph, outputs
+        self.reserved = self.pool_segments_bytes()
+        return graph, unowned(outputs)
 
     def recover(self) -> None:  # CUDA only
         # The allocator stops routing the capture stream's allocations to the
@@ -150,10 +166,42 @@ class CudaGraphBackend(GraphBackend):
         with contextlib.suppress(RuntimeError):  # no failed capture held it
             torch._C._cuda_releasePool(self.device.index, self.pool)
         torch.cuda.empty_cache()
-        self.pool = torch.cuda.graph_pool_handle()
+        self.pool, self.reserved = torch.cuda.graph_pool_handle(), 0
 
     def replay(self, graph: torch.cuda.CUDAGraph) -> None:  # CUDA only
         graph.replay()
+
+    def pool_bytes(self) -> Optional[int]:  # CUDA only
+        return self.reserved
+
+    def pool_segments_bytes(self) -> Optional[int]:  # CUDA only
+        """The bytes of the allocator's segments of the pool (None: a torch whose snapshot does not say)."""
+        segments = torch.cuda.memory_snapshot()  # a pool's id is unique across devices
+        if any("segment_pool_id" not in s for s in segments):
+            return None
+        return sum(s["total_size"] for s in segments if tuple(s["segment_pool_id"]) == tuple(self.pool))
+
+
+def unowned(tensors: Outputs) -> Outputs:
+    """Each tensor again, over the same memory, owning none of it (as torch's
+    cudagraph trees rebuild a graph's outputs): once the originals go, the
+    caching allocator takes their memory back into the graphs' pool, which
+    keeps it while any of its graphs lives, for later captures to reuse,
+    while this graph's replays still write there. So graphs of every shape
+    share their outputs' and gradients' memory, as they share their working
+    memory, rather than each keeping its own."""
+    storages, views = {}, []
+    for t in tensors:
+        if t is None:
+            views.append(None)
+            continue
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in storages:
+            storages[storage.data_ptr()] = torch._C._construct_storage_from_data_pointer(
+                storage.data_ptr(), t.device, storage.nbytes())
+        views.append(t.detach().new_empty(0).set_(storages[storage.data_ptr()], t.storage_offset(), t.shape,
+                                                  t.stride()))
+    return tuple(views)
 
 
 # --- the stand-in ------------------------------------------------------------------------------------
@@ -234,6 +282,37 @@ def _remove(mode: TorchDispatchMode) -> None:
             _push_mode(m)
 
 
+class PoolAccount(TorchDispatchMode):
+    """The bytes of a graphs' memory pool, as CUDA's caching allocator keeps
+    them (fragmentation and rounding aside: a lower bound of CUDA's). While
+    active (during captures), every storage that operators make is counted
+    from then until it is freed, in `live`; the pool holds the most that
+    was ever live at once, `reserved`, since what a capture frees goes back
+    to the pool, not to the device."""
+
+    def __init__(self):
+        super().__init__()
+        self.live = self.reserved = 0
+        self.counted: "weakref.WeakSet[torch.UntypedStorage]" = weakref.WeakSet()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if not (func.is_view or func._schema.is_mutable):
+            read = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs)) if isinstance(t, Tensor)}
+            for t in tree_leaves(out):
+                if isinstance(t, Tensor):
+                    storage = t.untyped_storage()
+                    if storage.nbytes() and storage.data_ptr() not in read and storage not in self.counted:
+                        self.counted.add(storage)  # the same Python object as long as the storage lives
+                        weakref.finalize(storage, self._freed, storage.nbytes())
+                        self.live += storage.nbytes()
+                        self.reserved = max(self.reserved, self.live)
+        return out
+
+    def _freed(self, nbytes: int) -> None:
+        self.live -= nbytes
+
+
 class RecordedGraphBackend(GraphBackend):
     """A graph is its function, recorded; its outputs live in a storage
     shared by every graph (SharedPool). Keeps a GPU's rules (module docstring)."""
@@ -241,13 +320,14 @@ class RecordedGraphBackend(GraphBackend):
     def __init__(self, device: torch.device):
         super().__init__(device)
         self.pool = SharedPool(device)
+        self.account = PoolAccount()
         self.stuck: Optional[_GeneratorInCaptureMode] = None  # what a failed capture left on the generator
 
     def capture_graph(self, fn: CapturedFunction, owner) -> Tuple[RecordedGraph, Outputs]:
         capture = _Capture()
         _capturing.append(capture)
         try:
-            with _GradientsOfLeavesForbidden():
+            with _GradientsOfLeavesForbidden(), self.account:
                 outputs = tuple(fn())
             if gc.isenabled():
                 gc.collect()  # the collector may run at any moment of a capture: here, at the worst one
@@ -259,7 +339,8 @@ class RecordedGraphBackend(GraphBackend):
             raise
         finally:
             _capturing.remove(capture)
-        graph = RecordedGraph(fn, self.pool.place(owner, outputs))
+        with _disable_current_modes():  # the stand-in's own storage is no tensor of the capture's (StoragesMade)
+            graph = RecordedGraph(fn, self.pool.place(owner, outputs))
         return graph, graph.outputs
 
     def recover(self) -> None:
@@ -271,7 +352,10 @@ class RecordedGraphBackend(GraphBackend):
         graph.release()
 
     def release_pool(self) -> None:
-        self.pool = SharedPool(self.device)
+        self.pool, self.account = SharedPool(self.device), PoolAccount()
+
+    def pool_bytes(self) -> int:
+        return self.account.reserved
 
     def replay(self, graph: RecordedGraph) -> None:
         if graph.fn is None:

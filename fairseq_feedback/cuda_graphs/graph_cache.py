@@ -2,10 +2,11 @@
 
 A shape is captured at its second sighting: the first runs eagerly (a shape
 seen once would not repay its capture, and that first run is the warm-up
-capture needs). What a graph holds is counted from its tensors (static
-inputs and output gradients, and what its capture leaves alive: static
-outputs, gradients, activations its autograd graph keeps), since the
-allocator's own figures say nothing while graphs are captured. Evicting a
+capture needs). What the graphs hold is counted from their tensors (the
+static inputs and output gradients that they share, and what each capture
+leaves alive: static outputs, gradients, activations its autograd graph
+keeps), since the allocator's own figures say nothing while graphs are
+captured; the pool's own bytes are the backend's (pool_bytes). Evicting a
 graph releases it at once (never during a capture) into the graphs' shared
 pool, where later captures reuse its memory; the device gets that memory
 back when the cache gives up.
@@ -132,7 +133,7 @@ class GraphCache:
         return list(self.graphs)
 
     def nbytes(self) -> int:
-        return sum(g.nbytes for g in self.graphs.values())
+        return self.ledger.static.nbytes() + sum(g.nbytes for g in self.graphs.values())
 
     def eager_passes(self) -> int:
         """Eager passes the cached graphs cost beyond their calls' own (captures and checks)."""
@@ -140,8 +141,9 @@ class GraphCache:
 
     def summary(self) -> GraphStatistics:
         return GraphStatistics(captured=self.captured, cached=len(self.graphs), nbytes=self.nbytes(),
-                               max_bytes=self.max_bytes, calls=self.statistics.calls, hits=self.statistics.hits,
-                               eager_passes=self.eager_passes(), failed=self.failed)
+                               max_bytes=self.max_bytes, static_bytes=self.ledger.static.nbytes(),
+                               pool_bytes=self.backend.pool_bytes(), calls=self.statistics.calls,
+                               hits=self.statistics.hits, eager_passes=self.eager_passes(), failed=self.failed)
 
     def _give_up_if_the_last_graph_failed(self) -> None:
         """The graph called last failed in its call, or in its backward since
@@ -159,6 +161,7 @@ class GraphCache:
             graphed.release()
         self.graphs.clear()
         self.last = None
+        self.ledger.static.release()
         self.backend.release_pool()
 
     def _say_failed(self, shape: str, level: int) -> None:

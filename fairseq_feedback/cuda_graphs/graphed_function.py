@@ -26,9 +26,11 @@ another replay: static inputs and decoding state live outside the pool,
 outputs are cloned as they are handed out, gradients are copied into .grad
 by the backward that replays them, and while a training forward awaits its
 backward (its activations are in the pool) every other call runs eagerly
-(pool_ledger.py). A second backward over the same outputs (retain_graph)
-runs eagerly from the block's inputs, or is refused once the graph has run
-again on other inputs.
+(pool_ledger.py). The static inputs and output gradients of every graph
+share one set of buffers, which a call overwrites (static_buffers.py). A
+second backward over the same outputs (retain_graph) runs eagerly from the
+block's inputs, or is refused once another call has copied its inputs
+over them.
 
 Replays are checked against the eager computation while checks are due
 (checks.py). A mismatch, or a failure at any stage (capture, a replay, the
@@ -69,10 +71,6 @@ def collector_paused():
     finally:
         if enabled:
             gc.enable()
-
-
-def _nbytes(tensors) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
 
 class Pass:
@@ -144,9 +142,12 @@ class GraphedFunction:
         self.backend, self.ledger, self.state, self.shape = backend, ledger, tuple(state), shape
         self.generator = backend.generator
         self.device_type = backend.device.type
+        static = ledger.static
         with stage("static inputs"):
-            self.inputs = [None if x is None else x.detach().clone().requires_grad_(x.requires_grad)
-                           for x in sample_inputs]
+            self.inputs = [None if x is None else
+                           static.holding(("input", i), x.detach()).requires_grad_(x.requires_grad)
+                           for i, x in enumerate(sample_inputs)]
+            static.written()
             before = [t.clone() for t in self.state]
         self.params = list(params)
         self.training = torch.is_grad_enabled() and any(
@@ -167,7 +168,8 @@ class GraphedFunction:
                         partial(_run, fn, [*self.inputs, *self.params], self.autocast, self.device_type,
                                 self.training, recorded), self)
                 self.differentiable = [o.requires_grad for o in recorded.outputs]
-                self.grad_outputs = tuple(torch.zeros_like(o) for o in self.outputs)
+                self.grad_outputs = tuple(static.holding(("output gradient", i), torch.zeros_like(o))
+                                          for i, o in enumerate(self.outputs))
                 if self.training:
                     with stage("capture"), made:
                         self.backward_graph, self.grads = backend.capture(
@@ -178,10 +180,12 @@ class GraphedFunction:
         finally:  # capture draws nothing, and the stand-in's recording must not either
             self.generator.set_state(rng)
             self._restore(before)
+        # the capture's pass goes (a replay records its own): what its autograd graph kept, back to the pool
+        recorded.outputs, recorded.targets = (), ()
         self.eager_passes += 1
         precise = self.autocast is None and all(o.dtype in (torch.float32, torch.float64) for o in self.outputs)
         self.checks = EagerChecks(fully_checked, precise)
-        self.nbytes = made.held() + _nbytes([*self.inputs, *self.grad_outputs])
+        self.nbytes = made.held()  # in the pool; the static buffers are the cache's
 
     def release(self) -> None:
         """The graphs and what they hold in the pool, freed now (never during a capture)."""
@@ -217,6 +221,7 @@ class GraphedFunction:
         for static, x in zip(self.inputs, inputs):
             if static is not None:
                 static.detach().copy_(x)
+        self.ledger.static.written()
         due = self.checks.due(self.replays_seen, self.ledger.replays)
         if self.training:
             outputs = Replay.apply(self, fn, due, *inputs, *self.params)
@@ -269,10 +274,10 @@ class GraphedFunction:
             # a second backward over these outputs (retain_graph): other graphs
             # may have replayed over the activations in the pool, so eagerly,
             # from the inputs, unless a later call put others in their place
-            if ctx.call != self.calls:
-                raise RuntimeError("a second backward through a block replayed as a CUDA graph, after the graph ran "
-                                   "again on other inputs: run the forward again before each backward, or "
-                                   "--cuda-graphs off")
+            if ctx.written != self.ledger.static.writes:
+                raise RuntimeError("a second backward through a block replayed as a CUDA graph, after another call "
+                                   "of its graphs copied its inputs over this one's: run the forward again before "
+                                   "each backward, or --cuda-graphs off")
             grads = self._eager_gradients(ctx, grad_outputs)
         elif ctx.eager:
             grads = self.gradients(ctx.expected, grad_outputs)

@@ -3,13 +3,17 @@
 Every graph of a cache shares one memory pool, so a replay may overwrite
 memory that another graph left there. The ledger counts the pool's replays
 (a graph's leftovers may have been overwritten since its own: checks.py
-checks a graph again after another's replay) and knows of the training
-forward whose backward is still to come (its activations are in the pool:
-every other call runs eagerly meanwhile, graph_cache.py).
+checks a graph again after another's replay), knows of the training
+forward whose backward is still to come (its activations are in the pool,
+and its inputs in the static buffers every graph shares: every other call
+runs eagerly meanwhile, graph_cache.py), and holds those buffers
+(static_buffers.py).
 """
 
 import weakref
 from typing import Callable, Optional
+
+from .static_buffers import StaticBuffers
 
 
 class _PendingBackward:
@@ -21,6 +25,7 @@ class PoolLedger:
 
     def __init__(self):
         self.replays = 0
+        self.static = StaticBuffers()
         self._pending: Optional[Callable] = None  # weak reference to the token of a forward awaiting its backward
 
     def replayed(self) -> int:

@@ -24,7 +24,7 @@ class Replay(torch.autograd.Function):
         ctx.graphed, ctx.fn, ctx.due = graphed, fn, due
         ctx.pending = graphed.ledger.await_backward()
         ctx.rng = graphed.generator.get_state()
-        ctx.call, ctx.backwards = graphed.calls, 0
+        ctx.written, ctx.backwards = graphed.ledger.static.writes, 0
         outputs, ctx.expected, ctx.judged = graphed.replay_forward(fn, due)
         # the graph failed: eager for the backward too
         ctx.eager = ctx.expected is not None and outputs is ctx.expected.outputs

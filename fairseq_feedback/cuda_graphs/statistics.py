@@ -42,8 +42,10 @@ class GraphStatistics:
 
     captured: int  # graphs captured since the cache was made
     cached: int  # graphs it holds now
-    nbytes: int  # what those hold (static tensors, and what their captures left alive)
+    nbytes: int  # what those hold: the static buffers they share, and what their captures left alive
     max_bytes: int  # the bound on nbytes
+    static_bytes: int  # of nbytes, the static inputs and output gradients (static_buffers.py)
+    pool_bytes: Optional[int]  # what the graphs' memory pool holds from the device (None: not known)
     calls: int  # calls since the last line logged (after every epoch and validation)
     hits: int  # of those, the calls replayed from a cached graph
     eager_passes: int  # eager passes the cached graphs cost beyond their calls' own (captures and checks)

@@ -4,6 +4,7 @@
     feedback-benchmark --preset tiny        # seconds, to check that it runs
     feedback-benchmark --device cuda --dtype fp16 --preset iwslt   # IWSLT and feedback_lm_wiki103 sizes
     feedback-benchmark --reference-loop     # also the feedback models' loop through autograd
+    feedback-benchmark --rows 8,32,128      # instead: training against rows, and each model at its best
 
 Translation: feedback_transformer against fairseq's transformer (training
 target tokens/s, beam-5 output tokens/s, incremental-state bytes per decoded
@@ -22,6 +23,15 @@ capture). Two more columns come from a profile of one training step: kernels
 per target step (a position of every row; on the CPU: operators dispatched,
 the count a GPU would launch, the feedback loop's as a GPU replays it) and
 the share of the step's wall time during which the GPU runs a kernel.
+
+With --rows, instead of the tables: each pair's training at each batch
+(the LM with that many streams, translation with that many sentences a
+batch): tokens/s, the ratio at that batch, peak memory (on a GPU), kernels
+per step, and the bytes a step must read with the time they take at the
+card's bandwidth; then each model at its fastest batch within
+--memory-budget, and the ratio of the two; and a profile of the feedback
+model's training step at the smallest and the largest batch, kernel by
+kernel (on the CPU: operator by operator).
 
 fp16 and bf16 train as fairseq-train --fp16 and --bf16 do (fp32 master
 weights, and for fp16 a dynamic loss scale), on any device. Every result is
@@ -43,10 +53,21 @@ from ..outputs import atomic_file, check_destination
 from ..presets import PRESETS
 from .breakdown import BREAKDOWN_ROWS, breakdown
 from .measure import NotFinite
+from .rows import device_bandwidth, device_memory, sweep
 from .tables import language_model, translation
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
+
+def rows_list(text: str) -> list:
+    """--rows 8,32,128: batches of rows, each at least 1, in increasing order."""
+    try:
+        rows = sorted({int(n) for n in text.split(",")})
+    except ValueError:
+        rows = []
+    if not rows or rows[0] < 1:
+        raise argparse.ArgumentTypeError(f"rows are whole numbers of 1 or more, as in 8,32,128; got {text!r}")
+    return rows
 
 
 def machine(device: torch.device) -> dict:
@@ -85,6 +106,16 @@ def main(argv=None):
                         help="first, each model's rate over its first N training batches, every capture included "
                              "(translation: batches of fairseq's --max-tokens kind, of varied lengths; the language "
                              "model: its first N blocks), and the seconds each new shape cost a graphed model")
+    parser.add_argument("--rows", type=rows_list, metavar="A,B,C",
+                        help="instead of the tables: training at each of these batches (the LM's streams, "
+                             "translation's sentences), each model at its fastest, and the feedback model's step "
+                             "profiled at the smallest and the largest")
+    parser.add_argument("--memory-budget", type=float, metavar="GB",
+                        help="with --rows, the peak memory a batch may take to count as a model's fastest "
+                             "(default: the GPU's memory; on the CPU peaks are not measured and every batch counts)")
+    parser.add_argument("--bandwidth", type=float, metavar="GB/s",
+                        help="with --rows, the memory bandwidth at which a step's bytes are timed (default: the "
+                             "card's, where known)")
     parser.add_argument("--json", metavar="FILE", help="also write every figure of the tables, by column and model, "
                                                        "with the machine, to FILE")
     args = parser.parse_args(argv)
@@ -94,6 +125,10 @@ def main(argv=None):
     check_within(args, threads=(1, cores(), CORES), seed=SEEDS)  # 100000 threads: a segmentation fault
     if args.json:
         check_destination(args.json, "--json")  # before the work, not once the tables are ready
+    for option in ("memory_budget", "bandwidth"):
+        value = getattr(args, option)
+        if value is not None and not (value > 0 and value != float("inf")):
+            fail(f"--{option.replace('_', '-')} must be a number above 0, got {value:g}")
     if args.threads:
         torch.set_num_threads(args.threads)
     device, dtype = torch.device(args.device), DTYPES[args.dtype]
@@ -102,12 +137,19 @@ def main(argv=None):
     if args.breakdown:
         breakdown(args.only, args.preset, args.seed, args.reference_loop)
         return
-    tables = {}
+    tables, sweeps = {}, {}
     try:
-        if args.only in (None, "translation"):
+        if args.rows:
+            budget = device_memory(device) if args.memory_budget is None else int(args.memory_budget * 2**30)
+            bandwidth = device_bandwidth(device) if args.bandwidth is None else args.bandwidth * 1e9
+            for which in ("translation", "lm"):
+                if args.only in (None, which):
+                    sweeps[which] = sweep(which, PRESETS[args.preset][which], args.rows, args.seed, device, dtype,
+                                          args.cuda_graphs, budget, bandwidth)
+        elif args.only in (None, "translation"):
             tables["translation"] = translation(PRESETS[args.preset]["translation"], args.seed, device, dtype,
                                                 args.cuda_graphs, args.reference_loop, args.first_batches)
-        if args.only in (None, "lm"):
+        if not args.rows and args.only in (None, "lm"):
             tables["lm"] = language_model(PRESETS[args.preset]["lm"], args.seed, device, dtype, args.cuda_graphs,
                                           args.reference_loop, args.first_batches)
     except NotFinite as error:
@@ -117,5 +159,6 @@ def main(argv=None):
             json.dump({"command": ["feedback-benchmark", *sys.argv[1:]] if argv is None else
                        ["feedback-benchmark", *argv], "machine": machine(device), "dtype": args.dtype,
                        "preset": args.preset, "cuda_graphs": args.cuda_graphs,
-                       "sizes": {name: PRESETS[args.preset][name] for name in tables}, "tables": tables}, f, indent=1)
+                       "sizes": {name: PRESETS[args.preset][name] for name in (*tables, *sweeps)},
+                       **({"rows": sweeps} if args.rows else {"tables": tables})}, f, indent=1)
 

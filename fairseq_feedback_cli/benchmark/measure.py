@@ -69,6 +69,12 @@ class PeakMemory:
         return cls(argparse.Namespace(allocated=torch.cuda.memory_allocated, peak=torch.cuda.max_memory_allocated,
                                       reset_peak=torch.cuda.reset_peak_memory_stats))
 
+    def copy(self) -> "PeakMemory":
+        """Another count, from what this one's models hold now (their weights): the peaks of a batch of its own."""
+        other = PeakMemory(self.allocator)
+        other.resident = collections.Counter(self.resident)
+        return other
+
     @contextlib.contextmanager
     def charged(self, model: str, phase: Optional[str] = None):
         """What the block allocates, charged to `model`; with `phase`, its peak counted as one of that phase's."""

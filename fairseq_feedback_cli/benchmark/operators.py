@@ -43,14 +43,15 @@ class CountOps(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def counted_as_a_gpu_replays_it(model, work, warm_up: int = WARM_UP_CALLS) -> CountOps:
-    """The operators of one call of `work` (a training step), on any device
-    dispatched rather than launched: the feedback loop's as a GPU replays it.
-    `warm_up`: calls at most before, through the graphs' path, until one
-    captures nothing and checks nothing (a shape's first sighting runs
-    eagerly, its second captures, a cache's first graphs are checked again
-    at new inputs, and a stream's memory takes a few blocks to fill its
-    span, a graph per length)."""
+@contextlib.contextmanager
+def replayed_as_a_gpu_replays_it(model, work, warm_up: int = WARM_UP_CALLS):
+    """Within, `work` (a training step) runs as a GPU replays it, on any
+    device: the feedback loop through the graphs' path (on the CPU with the
+    stand-in for capture), warmed up first. `warm_up`: calls at most
+    before, through the graphs' path, until one captures nothing and checks
+    nothing (a shape's first sighting runs eagerly, its second captures, a
+    cache's first graphs are checked again at new inputs, and a stream's
+    memory takes a few blocks to fill its span, a graph per length)."""
     work()
     with loop_as_a_gpu_replays_it(model):
         for _ in range(warm_up):
@@ -58,9 +59,25 @@ def counted_as_a_gpu_replays_it(model, work, warm_up: int = WARM_UP_CALLS) -> Co
             work()
             if graphs_state(model) == before and not awaiting_capture(model):
                 break
-        with CountOps() as ops:
-            work(ops)
+        yield
+
+
+def counted_as_a_gpu_replays_it(model, work, warm_up: int = WARM_UP_CALLS) -> CountOps:
+    """The operators of one call of `work` (a training step), on any device
+    dispatched rather than launched: the feedback loop's as a GPU replays it
+    (replayed_as_a_gpu_replays_it)."""
+    with replayed_as_a_gpu_replays_it(model, work, warm_up), CountOps() as ops:
+        work(ops)
     return ops
+
+
+def busy_share(intervals, wall_us: float) -> float:
+    """The share of `wall_us` covered by the kernels' (start, end) `intervals` (their union)."""
+    busy, reach = 0.0, float("-inf")
+    for begin, end in sorted(intervals):
+        busy += max(0.0, end - max(begin, reach))
+        reach = max(reach, end)
+    return busy / wall_us
 
 
 def kernels_and_busy_share(model, work, steps_per_call: int, device: torch.device):
@@ -79,10 +96,5 @@ def kernels_and_busy_share(model, work, steps_per_call: int, device: torch.devic
         work()
         synchronize()
         wall_us = (time.perf_counter() - start) * 1e6
-    kernels = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
-                     if e.device_type == DeviceType.CUDA)
-    busy, reach = 0.0, float("-inf")
-    for begin, end in kernels:  # the union of the kernels' intervals
-        busy += max(0.0, end - max(begin, reach))
-        reach = max(reach, end)
-    return len(kernels) / steps_per_call, busy / wall_us
+    kernels = [(e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type == DeviceType.CUDA]
+    return len(kernels) / steps_per_call, busy_share(kernels, wall_us)

@@ -137,12 +137,18 @@ def profile_columns(built, profiles, captures, device, cuda_graphs) -> Dict[str,
     if graphs_run(device, cuda_graphs):
         graphed = {name: graph_statistics(model) for name, model in built.items() if graph_statistics(model) is not None}
         columns["capture s"] = {name: sum(c[name] for c in captures) for name in graphed}
-        columns["graphs MB"] = {name: statistics.nbytes / 2**20 for name, statistics in graphed.items()}
+        columns["graphs MB"] = {name: graph_memory(statistics) / 2**20 for name, statistics in graphed.items()}
     gpu = device.type == "cuda"
     columns["kernels/step" if gpu else "ops/step"] = {name: kernels for name, (kernels, _) in profiles.items()}
     if gpu:  # CUDA only
         columns["GPU busy"] = {name: busy for name, (_, busy) in profiles.items()}
     return columns
+
+
+def graph_memory(statistics) -> int:
+    """What a model's graphs take from the device: their static buffers and their memory pool (or, where
+    the pool's bytes are not known, what the graphs hold)."""
+    return statistics.nbytes if statistics.pool_bytes is None else statistics.static_bytes + statistics.pool_bytes
 
 
 FORMATS = {"capture s": "{:.2f}", "capture s/shape": "{:.2f}", "GPU busy": "{:.0%}"}  # others: "{:.1f}"

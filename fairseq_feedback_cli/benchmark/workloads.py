@@ -59,16 +59,16 @@ def language_model_pairs(p):
 
 
 def models(pairs, build, device, dtype, cuda_graphs: str, reference_loop: bool = False,
-           memory: Optional[PeakMemory] = None):
+           memory: Optional[PeakMemory] = None, eager_too: bool = True):
     """Each (name, architecture, options) built on `device` in `dtype`, the
     feedback models with `--cuda-graphs cuda_graphs`; where their graphs
-    run, each feedback model also as it runs without them; with
+    run and `eager_too`, each feedback model also as it runs without them; with
     `reference_loop`, each feedback model also with the reference loop.
     `memory`: where each model's weights are counted."""
     pairs = [(name, arch, [*extra, "--cuda-graphs", cuda_graphs] if arch.startswith("feedback") else extra)
              for name, arch, extra in pairs]
     feedback = [(name, arch, extra) for name, arch, extra in pairs if arch.startswith("feedback")]
-    if graphs_run(device, cuda_graphs):
+    if eager_too and graphs_run(device, cuda_graphs):
         pairs += [(f"{name} (eager)", arch, [*extra, "--no-cuda-graphs"]) for name, arch, extra in feedback]
 
     def on_the_device(name, arch, extra):

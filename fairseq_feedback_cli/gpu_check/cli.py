@@ -1,6 +1,6 @@
 """feedback-gpu-check: the CUDA-graph path checked and measured on a GPU, in one command.
 
-    feedback-gpu-check --out gpu-check                       # on a GPU, from a checkout: 9 minutes or less
+    feedback-gpu-check --out gpu-check                       # on a GPU, from a checkout: 13 minutes or less
     feedback-gpu-check --device cpu --cuda-graphs emulate    # the same sequence at tiny sizes on the CPU
 
 In this order, so that a short lease gets the most important answers first:
@@ -13,7 +13,11 @@ In this order, so that a short lease gets the most important answers first:
   3  3a, 3b feedback-benchmark in fp16 at IWSLT's translation size and the language-model
      size: graphs against eager against fairseq's Transformer (steady words/s, the first
      batches' words/s with every capture, capture seconds per new shape, decoding tokens/s,
-     peak GPU memory); 3c fairseq-eval-lm's tokens/s at the language-model size;
+     peak GPU memory); 3c fairseq-eval-lm's tokens/s at the language-model size; 3d, 3e
+     feedback-benchmark --rows at both sizes: speed against rows (translation 256 and 1,024
+     sentences a batch, the language model 32, 128 and 512 streams), each model at its
+     fastest batch within the GPU's memory and the ratio of the two, and the feedback
+     model's training step profiled kernel by kernel at the smallest and largest batch;
   4  two ranks with graphs on (NCCL on two GPUs; gloo sharing one GPU, or on the CPU) against
      one rank with twice the batch: the same parameters after a few updates.
 
@@ -45,7 +49,7 @@ from .gpu_tests import gpu_tests
 from .machine import describe_machine
 from .report import write_report
 from .sizes import LOSS_TOLERANCE, SIZES
-from .speed import benchmark, eval_lm
+from .speed import benchmark, eval_lm, rows_sweep
 from .training import training_comparison
 from .two_ranks import two_ranks
 
@@ -59,6 +63,13 @@ STEPS = [
     Step("3b", "feedback-benchmark, language model, fp16", {"full": 135, "tiny": 10},
          lambda check: benchmark(check, "lm")),
     Step("3c", "fairseq-eval-lm, language model, fp16", {"full": 95, "tiny": 30}, eval_lm),
+    # full: from the H100's steps of 2026-11-27 (translation 68 ms at 256 x 32 and 1.8 s per shape
+    # captured; the LM 325 ms a block of 32 streams and 6.8 s per shape), each batch's warm-up, 5 steps
+    # of each model, the count and the profile, a step's time taken to grow with its rows at worst
+    Step("3d", "feedback-benchmark --rows, translation, fp16", {"full": 60, "tiny": 15},
+         lambda check: rows_sweep(check, "translation")),
+    Step("3e", "feedback-benchmark --rows, language model, fp16", {"full": 200, "tiny": 15},
+         lambda check: rows_sweep(check, "lm")),
     Step("4", "two ranks against one with twice the batch", {"full": 32, "tiny": 20}, two_ranks),
 ]
 
@@ -67,7 +78,7 @@ def run_step(check: Check, step: Step) -> None:
     """The step, or why not, recorded; a progress line as it starts and as it ends; the report rewritten."""
     estimate = step.estimate[check.args.size]
     record = check.begin(step)
-    if step.part not in check.args.parts:
+    if step.part not in check.args.parts and step.key not in check.args.parts:
         record.update(status=NOT_RUN, summary="not asked for (--parts)")
     elif estimate > check.left():
         record.update(status=SKIPPED, summary=f"needs about {estimate:.0f} s, {max(0, check.left()):.0f} s were "
@@ -103,10 +114,14 @@ def check_replaceable(out) -> None:
         fail(f"{out} exists and is not a folder this check wrote: pass another --out")
 
 
-def parts(text: str) -> List[int]:
-    if not set(text.split(",")) <= {"1", "2", "3", "4"}:
-        raise argparse.ArgumentTypeError(f"the parts are 1, 2, 3 and 4, as in 1,2,3,4; got {text!r}")
-    return sorted({int(part) for part in text.split(",")})
+def parts(text: str) -> List:
+    """Parts (1, 2, 3, 4) as numbers, and steps of a part (3d) as their keys."""
+    keys = {step.key for step in STEPS}
+    if not set(text.split(",")) <= {"1", "2", "3", "4"} | keys:
+        raise argparse.ArgumentTypeError(f"the parts are 1, 2, 3 and 4, as in 1,2,3,4, and a part's steps are "
+                                         f"{', '.join(sorted(keys - {'1', '2', '4'}))}; got {text!r}")
+    chosen = set(text.split(","))
+    return sorted(int(part) for part in chosen if part.isdigit()) + sorted(key for key in chosen if not key.isdigit())
 
 
 @command
@@ -115,8 +130,8 @@ def main(argv=None):
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", help="the report's folder (default: a new gpu-check-DATE-TIME here); a previous "
                                       "check's folder is replaced when this one ends")
-    parser.add_argument("--minutes", type=float, default=9.0,
-                        help="the time it may take (default 9, what the full sizes need on one H100; inf: no "
+    parser.add_argument("--minutes", type=float, default=13.0,
+                        help="the time it may take (default 13, what the full sizes need on one H100; inf: no "
                              "limit); a step that would not fit in what is left is skipped for time")
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                         help="cuda (default); cpu runs the same sequence at tiny sizes, the graphs through the "
@@ -126,7 +141,7 @@ def main(argv=None):
                              "stand-in for the CUDA calls (default on cpu, where auto runs no graphs)")
     parser.add_argument("--size", choices=sorted(SIZES), help="full (default on cuda) or tiny (default on cpu)")
     parser.add_argument("--parts", type=parts, default=[1, 2, 3, 4],
-                        help="run only these parts, e.g. 2,3 (default 1,2,3,4)")
+                        help="run only these parts, e.g. 2,3, or steps of a part, e.g. 3d,3e (default 1,2,3,4)")
     parser.add_argument("--updates", type=int,
                         help="fairseq-train's updates in part 2 (default: 100 at the full size, 20 at tiny)")
     parser.add_argument("--tolerance", type=float, help="the largest difference allowed between losses with and "

@@ -19,13 +19,15 @@ def translation_model(embed_dim: int, ffn_dim: int, heads: int) -> List[str]:
     return ["--arch", "feedback_transformer", "--share-all-embeddings", "--dropout", "0", *sizes]
 
 
-# "full": one GPU within 9 minutes (small models for the comparisons, the benchmark's IWSLT sizes for
+# "full": one GPU within 13 minutes (small models for the comparisons, the benchmark's IWSLT sizes for
 # the speeds); "tiny": the same sequence on 2 CPU cores within 2 minutes
 SIZES = {
     "full": dict(
         translation=dict(corpus=["--train", 4000, "--valid", 200], model=translation_model(128, 512, 4),
                          batch=["--max-tokens", 2048], updates=100),
         benchmark=dict(preset="iwslt", first_batches=12),
+        # the batches of steps 3d and 3e: the benchmark's (256 sentences, 32 streams), and up to 4x and 16x
+        rows=dict(translation=[256, 1024], lm=[32, 128, 512]),
         # enough blocks per stream that eval-lm's rate, whose timer includes the capture, is mostly replays
         eval_lm=dict(preset="iwslt", corpus=["--train", 8000, "--valid", 14000]),
         two_ranks=dict(model=translation_model(128, 512, 4), batch=8, updates=10),
@@ -34,6 +36,8 @@ SIZES = {
         translation=dict(corpus=["--train", 400, "--valid", 40], model=translation_model(32, 64, 2),
                          batch=["--max-tokens", 500], updates=20),
         benchmark=dict(preset="tiny", first_batches=4),
+        # the language model's: docs/performance.md's command (tests/test_gpu_check.py)
+        rows=dict(translation=[2, 8], lm=[8, 32, 128]),
         eval_lm=dict(preset="tiny", corpus=["--train", 300, "--valid", 100]),
         two_ranks=dict(model=translation_model(32, 64, 2), batch=8, updates=4),
     ),

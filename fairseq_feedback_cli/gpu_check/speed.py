@@ -1,5 +1,7 @@
-"""Steps 3a-3c: feedback-benchmark in fp16 at the translation and the language-model sizes (graphs
-against eager against fairseq's Transformer), and fairseq-eval-lm's tokens/s at the language-model size."""
+"""Steps 3a-3e: feedback-benchmark in fp16 at the translation and the language-model sizes (graphs
+against eager against fairseq's Transformer), fairseq-eval-lm's tokens/s at the language-model size,
+and feedback-benchmark --rows at both sizes (speed against rows, each model at its best batch, and
+where the feedback model's training step spends its time, kernel by kernel)."""
 
 import contextlib
 import json
@@ -134,4 +136,77 @@ def eval_lm(check: Check) -> Outcome:
     if difference > check.tolerance("fp16"):
         raise StepFailed(f"fairseq-eval-lm's loss with graphs ({losses['feedback_lm']}) and eagerly "
                          f"({losses['feedback_lm (eager)']}) differ by more than {check.tolerance('fp16'):g}", outcome)
+    return outcome
+
+
+SWEEP_COLUMNS = ["train tok/s", "feedback / fairseq", "ms/step", "peak MB", "graphs MB", "kernels/step", "ops/step",
+                 "GPU busy", "MB read/step", "ms at the bandwidth"]
+
+
+def rows_sweep(check: Check, only: str) -> Outcome:
+    """feedback-benchmark --only `only` --rows in fp16: both models at each
+    batch, each at its fastest, and the feedback model's step profiled at
+    the smallest and the largest batch."""
+    sizes = check.sizes["benchmark"]
+    rows = check.sizes["rows"][only]
+    written = check.path("work", f"rows-{only}.json")
+    command = Command("fairseq_feedback_cli.benchmark", [
+        "--only", only, "--preset", sizes["preset"], "--dtype", "fp16", "--device", check.args.device, "--cuda-graphs",
+        check.graphs, "--rows", ",".join(map(str, rows)), "--json", written], f"rows-{only}.log")
+    check.run(command)
+    with open(written) as f:
+        sweep = json.load(f)["rows"][only]
+    fairseq, feedback = sweep["models"]
+    columns = [c for c in SWEEP_COLUMNS if c == "feedback / fairseq" or any(
+        c in b["figures"][m] for b in sweep["batches"] if "figures" in b for m in sweep["models"])]
+    lines = [f"| {sweep['unit']} | model | " + " | ".join(columns) + " |", "|---:|---|" + "---:|" * len(columns)]
+    for batch in sweep["batches"]:
+        if "figures" not in batch:
+            lines.append(f"| {batch['rows']} | out of memory: {batch['out of memory']} |" + " |" * len(columns))
+            continue
+        for model in sweep["models"]:
+            figures = {**batch["figures"][model],
+                       "feedback / fairseq": batch["feedback / fairseq"] if model == feedback else None}
+            cells = [NOT_MEASURED if c == "peak MB" and figures[c] is None else figure(c, figures.get(c))
+                     for c in columns]
+            gave_up = f" (graphs gave up: {figures['graphs gave up']})" if figures["graphs gave up"] else ""
+            lines.append(f"| {batch['rows']} | {model}{gave_up} | " + " | ".join(cells) + " |")
+    best = sweep["best"]
+    budget = sweep["memory budget MB"]
+    fastest = ", ".join(f"{model} at {best[model]['rows']} rows ({best[model]['train tok/s']:,.0f} tok/s)"
+                        for model in sweep["models"] if model in best)
+    ratio = best["feedback / fairseq"]
+    at_smallest = next((b["feedback / fairseq"] for b in sweep["batches"] if "figures" in b), None)
+    summary = (f"each at its fastest batch, feedback / fairseq {ratio:.2f}" if ratio is not None else
+               "a model fits no batch") + (f" ({fastest})" if fastest else "") + \
+        (f"; at {rows[0]} rows {at_smallest:.2f}" if at_smallest is not None else "")
+    markdown = [f"On {check.machine['device']}, fp16, `feedback-benchmark --preset {sizes['preset']} --rows "
+                f"{','.join(map(str, rows))}`; rows: {sweep['unit']}.", "",
+                "tok/s: target tokens per second of a training step, the median of steady calls; ms/step: a training "
+                "step's milliseconds; peak MB: torch.cuda.max_memory_allocated as with the model alone on the GPU; MB "
+                "read/step: what a training step must read at least, forward and backward (weights once; a feedback "
+                "model's loop weights at every step, with the memory's keys and values over the span for each layer); "
+                "ms at the bandwidth: that read at the card's memory bandwidth"
+                + (f" ({sweep['bandwidth GB/s']:,.0f} GB/s)" if sweep["bandwidth GB/s"] else "") + ".", "", *lines, "",
+                f"Each at its fastest batch "
+                + (f"within {budget / 1024:,.1f} GB" if budget else "(peak memory not measured: every batch counts)")
+                + f": {fastest or 'none'}" + (f"; feedback / fairseq {ratio:.2f}." if ratio is not None else ".")]
+    for n, table in sweep["profiles"].items():
+        kind = table["kind"]
+        markdown += ["", f"Where a training step of {feedback} at {n} rows goes, {kind} by {kind}: "
+                     f"{table['step ms']:.1f} ms, {table['per step']:.1f} {kind}s per target step, "
+                     f"{table['share']:.0%} of the step in them.", "",
+                     f"| {kind} | per target step | us per target step | share | shapes |", "|---|---:|---:|---:|---|",
+                     *[f"| `{row[kind][:80]}` | {row['per step']:.1f} | {row['us per step']:,.1f} | "
+                       f"{row['share']:.1%} | {row['shapes']} |" for row in table["rows"]]]
+        if table["others"]["count"]:
+            others = table["others"]
+            markdown.append(f"| {others['count']} others | {others['per step']:.1f} | {others['us per step']:,.1f} | "
+                            f"{others['share']:.1%} | |")
+    outcome = Outcome(summary, sweep, markdown)
+    gave_up = [f"{batch['rows']} rows: {batch['figures'][feedback]['graphs gave up']}" for batch in sweep["batches"]
+               if "figures" in batch and batch["figures"][feedback]["graphs gave up"]
+               and "out of memory" not in batch["figures"][feedback]["graphs gave up"]]
+    if gave_up:  # running out of memory at a large batch is a finding; any other failure, a defect
+        raise StepFailed(f"the graphs gave up at {'; '.join(gave_up)}", outcome)
     return outcome
