@@ -188,7 +188,7 @@ def rows_sweep(check: Check, only: str) -> Outcome:
                 "model's loop weights at every step, with the memory's keys and values over the span for each layer); "
                 "ms at the bandwidth: that read at the card's memory bandwidth"
                 + (f" ({sweep['bandwidth GB/s']:,.0f} GB/s)" if sweep["bandwidth GB/s"] else "") + ".", "", *lines, "",
-                f"Each at its fastest batch "
+                "Each at its fastest batch "
                 + (f"within {budget / 1024:,.1f} GB" if budget else "(peak memory not measured: every batch counts)")
                 + f": {fastest or 'none'}" + (f"; feedback / fairseq {ratio:.2f}." if ratio is not None else ".")]
     for n, table in sweep["profiles"].items():
