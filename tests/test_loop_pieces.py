@@ -52,6 +52,24 @@ def by_step(piece_step, grads):
     return [backwards[t] for t in range(len(grads))]
 
 
+def check_against_autograd(name, piece, module, xs, ys, expected, grads, residuals=None, weight_names=("dW", "db")):
+    """A piece with a weight and a bias against autograd on `expected`: its outputs, its input gradients step
+    by step (plus a residual's gradient where `residuals` give one) and its weight gradients once per block."""
+    residuals = residuals or [None] * len(xs)
+    for t in range(len(xs)):
+        assert_same(ys[t], expected[t].detach(), f"{name}: y at step {t}")
+    input_grads = by_step(lambda g, t: piece.backward(g, t) if residuals[t] is None else
+                          piece.backward(g, t, residuals[t]), grads)
+    *x_grads, weight, bias = autograd_of(expected, grads, [*xs, module.weight, module.bias])
+    for t in range(len(xs)):
+        assert_same(input_grads[t], x_grads[t] if residuals[t] is None else x_grads[t] + residuals[t],
+                    f"{name}: g_x at step {t}")
+    with torch.no_grad():
+        got_weight, got_bias = piece.weight_grads()
+    assert_same(got_weight, weight, f"{name}: {weight_names[0]}")
+    assert_same(got_bias, bias, f"{name}: {weight_names[1]}")
+
+
 # --- a linear layer, a layer norm, a residual with dropout --------------------------------------------------
 
 
@@ -65,19 +83,9 @@ def test_linear(scale, residual_grads):
     with torch.no_grad():  # as in the block's Function
         ys = [piece(x, t) for t, x in enumerate(xs)]
     expected = [scale * module(x) for x in xs]
-    for t in range(STEPS):
-        assert_same(ys[t], expected[t].detach(), f"Linear: y at step {t}")
     grads = [randn(ROWS, 5) for _ in range(STEPS)]
-    residuals = [randn(ROWS, EMBED) for _ in range(STEPS)] if residual_grads else [None] * STEPS
-    input_grads = by_step(lambda g, t: piece.backward(g, t, residuals[t]), grads)
-    *x_grads, weight, bias = autograd_of(expected, grads, [*xs, module.weight, module.bias])
-    for t in range(STEPS):
-        assert_same(input_grads[t], x_grads[t] if residuals[t] is None else x_grads[t] + residuals[t],
-                    f"Linear: g_x at step {t}")
-    with torch.no_grad():
-        got_weight, got_bias = piece.weight_grads()
-    assert_same(got_weight, weight, "Linear: dW")
-    assert_same(got_bias, bias, "Linear: db")
+    residuals = [randn(ROWS, EMBED) for _ in range(STEPS)] if residual_grads else None
+    check_against_autograd("Linear", piece, module, xs, ys, expected, grads, residuals)
 
 
 def test_grouped_linear():
@@ -92,17 +100,8 @@ def test_grouped_linear():
     weights, biases = module.weight.view(groups, features, EMBED), module.bias.view(groups, features)
     expected = [torch.cat([F.linear(rows, weights[g], biases[g]) for g, rows in enumerate(x.view(groups, ROWS, EMBED))])
                 for x in xs]
-    for t in range(STEPS):
-        assert_same(ys[t], expected[t].detach(), f"GroupedLinear: y at step {t}")
     grads = [randn(groups * ROWS, features) for _ in range(STEPS)]
-    input_grads = by_step(piece.backward, grads)
-    *x_grads, weight, bias = autograd_of(expected, grads, [*xs, module.weight, module.bias])
-    for t in range(STEPS):
-        assert_same(input_grads[t], x_grads[t], f"GroupedLinear: g_x at step {t}")
-    with torch.no_grad():
-        got_weight, got_bias = piece.weight_grads()
-    assert_same(got_weight, weight, "GroupedLinear: dW")
-    assert_same(got_bias, bias, "GroupedLinear: db")
+    check_against_autograd("GroupedLinear", piece, module, xs, ys, expected, grads)
 
 
 def test_norm():
@@ -115,17 +114,8 @@ def test_norm():
     with torch.no_grad():
         ys = [piece(x, t) for t, x in enumerate(xs)]
     expected = [module(x) for x in xs]
-    for t in range(STEPS):
-        assert_same(ys[t], expected[t].detach(), f"Norm: y at step {t}")
     grads = [randn(ROWS, EMBED) for _ in range(STEPS)]
-    input_grads = by_step(piece.backward, grads)
-    *x_grads, weight, bias = autograd_of(expected, grads, [*xs, module.weight, module.bias])
-    for t in range(STEPS):
-        assert_same(input_grads[t], x_grads[t], f"Norm: g_x at step {t}")
-    with torch.no_grad():
-        got_weight, got_bias = piece.weight_grads()
-    assert_same(got_weight, weight, "Norm: dgamma")
-    assert_same(got_bias, bias, "Norm: dbeta")
+    check_against_autograd("Norm", piece, module, xs, ys, expected, grads, weight_names=("dgamma", "dbeta"))
 
 
 @pytest.mark.parametrize("dropout", [False, True], ids=["no dropout", "dropout"])
