@@ -32,7 +32,8 @@ from fairseq_feedback.loop import block_weight_gradients
 from fairseq_feedback import cuda_graphs
 from fairseq_feedback.cuda_graphs import (CudaGraphBackend, GraphCache, GraphedFunction, RecordedGraphBackend,
                                           capabilities, graph_cache)
-from fairseq_feedback.cuda_graphs.backends import PoolAccount, SharedPool, unowned
+from fairseq_feedback.cuda_graphs.backends import SharedPool, unowned
+from fairseq_feedback.cuda_graphs.pool_account import PoolAccount
 from fairseq_feedback.cuda_graphs.checks import (AFTER_ANOTHER_GRAPH, FIRST_REPLAY, FULLY_CHECKED, MAX_UNJUDGED,
                                                  NEW_INPUTS, EagerChecks)
 from fairseq_feedback.cuda_graphs.graphed_function import collector_paused

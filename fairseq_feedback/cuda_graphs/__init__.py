@@ -20,7 +20,8 @@ torch.cuda.make_graphed_callables takes a callable and sample arguments).
               +-- backend.capture / replay       backends.py: CUDA's calls (CudaGraphBackend), or the
               |                                  stand-in that keeps a GPU's rules on any device and
               |                                  counts the pool's bytes as CUDA's allocator keeps them
-              +-- StoragesMade                   storages_made.py: what a capture leaves in the pool
+              |                                  (PoolAccount)
+              +-- PoolAccount                    pool_account.py: what a capture leaves in the pool
               +-- EagerChecks.due / judge        checks.py: which checks a call is due, and the verdict
               +-- Replay.apply                   replay.py: a training call as one autograd node, whose
               |     backward -> GraphedFunction.replay_backward    backward replays the backward graph

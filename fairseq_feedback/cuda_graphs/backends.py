@@ -59,9 +59,9 @@ from torch import Tensor
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import (TorchDispatchMode, _disable_current_modes, _len_torch_dispatch_stack,
                                          _pop_mode, _push_mode)
-from torch.utils._pytree import tree_leaves
 
 from .capabilities import cuda_graphs_unsupported, end_allocating_to_pool
+from .pool_account import PoolAccount
 
 Outputs = Tuple[Optional[Tensor], ...]
 CapturedFunction = Callable[[], Sequence[Optional[Tensor]]]
@@ -282,37 +282,6 @@ def _remove(mode: TorchDispatchMode) -> None:
             _push_mode(m)
 
 
-class PoolAccount(TorchDispatchMode):
-    """The bytes of a graphs' memory pool, as CUDA's caching allocator keeps
-    them (fragmentation and rounding aside: a lower bound of CUDA's). While
-    active (during captures), every storage that operators make is counted
-    from then until it is freed, in `live`; the pool holds the most that
-    was ever live at once, `reserved`, since what a capture frees goes back
-    to the pool, not to the device."""
-
-    def __init__(self):
-        super().__init__()
-        self.live = self.reserved = 0
-        self.counted: "weakref.WeakSet[torch.UntypedStorage]" = weakref.WeakSet()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if not (func.is_view or func._schema.is_mutable):
-            read = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs)) if isinstance(t, Tensor)}
-            for t in tree_leaves(out):
-                if isinstance(t, Tensor):
-                    storage = t.untyped_storage()
-                    if storage.nbytes() and storage.data_ptr() not in read and storage not in self.counted:
-                        self.counted.add(storage)  # the same Python object as long as the storage lives
-                        weakref.finalize(storage, self._freed, storage.nbytes())
-                        self.live += storage.nbytes()
-                        self.reserved = max(self.reserved, self.live)
-        return out
-
-    def _freed(self, nbytes: int) -> None:
-        self.live -= nbytes
-
-
 class RecordedGraphBackend(GraphBackend):
     """A graph is its function, recorded; its outputs live in a storage
     shared by every graph (SharedPool). Keeps a GPU's rules (module docstring)."""
@@ -339,7 +308,7 @@ class RecordedGraphBackend(GraphBackend):
             raise
         finally:
             _capturing.remove(capture)
-        with _disable_current_modes():  # the stand-in's own storage is no tensor of the capture's (StoragesMade)
+        with _disable_current_modes():  # the stand-in's own storage is no tensor of the capture's (PoolAccount)
             graph = RecordedGraph(fn, self.pool.place(owner, outputs))
         return graph, graph.outputs
 

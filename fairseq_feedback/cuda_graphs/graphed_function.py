@@ -50,7 +50,7 @@ from .checks import EagerChecks
 from .failure import GraphFailure, stage
 from .pool_ledger import PoolLedger
 from .replay import Replay
-from .storages_made import StoragesMade
+from .pool_account import PoolAccount
 
 Outputs = Tuple[Optional[Tensor], ...]
 
@@ -160,7 +160,7 @@ class GraphedFunction:
         self.eager_passes = 0  # eager forward (and backward) passes this graph cost beyond its calls' own
         self.forward_graph = self.backward_graph = None
 
-        rng, made, recorded = self.generator.get_state(), StoragesMade(), Pass()
+        rng, made, recorded = self.generator.get_state(), PoolAccount(), Pass()
         try:
             with collector_paused(), torch.autocast(self.device_type, enabled=False):
                 with stage("capture"), made:
@@ -185,7 +185,7 @@ class GraphedFunction:
         self.eager_passes += 1
         precise = self.autocast is None and all(o.dtype in (torch.float32, torch.float64) for o in self.outputs)
         self.checks = EagerChecks(fully_checked, precise)
-        self.nbytes = made.held()  # in the pool; the static buffers are the cache's
+        self.nbytes = made.live  # in the pool; the static buffers are the cache's
 
     def release(self) -> None:
         """The graphs and what they hold in the pool, freed now (never during a capture)."""
