@@ -48,9 +48,9 @@ def tr(*flags, data="{TR}", cold=False, message):
 
 
 def at_least(low, *names):
-    """Each option at 0 and -1, where those are below its lowest value."""
-    return [(name, value, f"--{name} must be at least {low}, got {value}")
-            for name in names for value in (0, -1) if value < low]
+    """Each option one below its lowest value: the check reads the range, so the value at its edge stands for
+    every value beyond it."""
+    return [(name, low - 1, f"--{name} must be at least {low}, got {low - 1}") for name in names]
 
 
 def literally(text):
@@ -69,7 +69,7 @@ MODEL_OPTIONS = [
 LM_NUMBERS = (
     at_least(1, *MODEL_OPTIONS, "adaptive-span-ramp", "character-embedding-dim", "quant-noise-pq-block-size")
     + at_least(0, "persistent-vectors", "adaptive-span-loss", "char-embedder-highway-layers")
-    + bounded("greater than 0", [0, -1], "adaptive-input-factor", "adaptive-softmax-factor")
+    + bounded("greater than 0", [0], "adaptive-input-factor", "adaptive-softmax-factor")
     + bounded("in [0, 1)", [-1], "dropout", "attention-dropout", "activation-dropout", "relu-dropout",
               "adaptive-softmax-dropout", "decoder-layerdrop", "quant-noise-pq", "quant-noise-scalar")
     + bounded("in [0, 1)", [1], "dropout")
@@ -85,7 +85,7 @@ GENERATE_NUMBERS = (
 TRAINING_NUMBERS = (
     at_least(1, "update-freq", "validate-interval", "save-interval", "log-interval")
     + bounded("at least 0", [-1], "max-update", "clip-norm", "save-interval-updates", "weight-decay")
-    + bounded("greater than 0", [0, -1], "lr", "adam-eps")
+    + bounded("greater than 0", [0], "lr", "adam-eps")
 )
 TR_NUMBERS = (
     at_least(1, *MODEL_OPTIONS, "encoder-embed-dim", "encoder-ffn-embed-dim", "encoder-attention-heads")
