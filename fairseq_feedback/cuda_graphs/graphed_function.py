@@ -48,9 +48,9 @@ from torch import Tensor
 
 from .checks import EagerChecks
 from .failure import GraphFailure, stage
+from .pool_account import PoolAccount
 from .pool_ledger import PoolLedger
 from .replay import Replay
-from .pool_account import PoolAccount
 
 Outputs = Tuple[Optional[Tensor], ...]
 
