@@ -907,7 +907,8 @@ def test_fairseq_train_through_the_stand_in_follows_the_eager_loss_curve(synthet
                              "--save-dir", tmp_path / "checkpoints", "--no-epoch-checkpoints")
     assert emulated.returncode == 0, emulated.stderr
     assert "WARNING" not in emulated.stdout + emulated.stderr.replace("UserWarning", "")
-    logs = [emulated.stdout, run("train", *options, "--no-cuda-graphs", "--no-save").stdout]
+    logs = [emulated.stdout,
+            run("train", *options, "--no-cuda-graphs", "--no-save", "--save-dir", tmp_path / "eager").stdout]
     graphed, eager = map(losses, logs)
     assert len(graphed) >= 10 and graphed == pytest.approx(eager, abs=2e-3)
     statistics = STATISTICS.findall(logs[0])
@@ -927,12 +928,13 @@ def test_fairseq_train_through_the_stand_in_follows_the_eager_loss_curve(synthet
     assert [float(s) for _, s, _ in graphed] == pytest.approx([float(s) for _, s, _ in eager], abs=1e-5)
 
 
-def test_fairseq_train_with_dropout_through_the_stand_in_ends_near_the_eager_loss(synthetic_translation, caplog):
+def test_fairseq_train_with_dropout_through_the_stand_in_ends_near_the_eager_loss(synthetic_translation, caplog,
+                                                                                  tmp_path):
     """With dropout, padded shapes draw other masks than eager's: no fallback,
     no traceback, and a final loss within 3% of --cuda-graphs off's."""
     options = train_options(synthetic_translation, 0.1)
     with caplog.at_level(logging.WARNING):
-        graphed = losses(run("train", *options, "--cuda-graphs", "emulate", "--no-save").stdout)
+        graphed = losses(run("train", *options, "--cuda-graphs", "emulate", "--no-save", "--save-dir", tmp_path).stdout)
     assert not warnings_of(caplog)
-    eager = losses(run("train", *options, "--no-cuda-graphs", "--no-save").stdout)
+    eager = losses(run("train", *options, "--no-cuda-graphs", "--no-save", "--save-dir", tmp_path).stdout)
     assert len(graphed) == len(eager) >= 10 and graphed[-1] == pytest.approx(eager[-1], rel=0.03)

@@ -87,9 +87,15 @@ def training_comparison(check: Check) -> Outcome:
     common = [data, "--user-dir", PLUGIN, "--task", "translation", *sizes["model"], *sizes["batch"], "--optimizer",
               "adam", "--lr", "1e-3", "--max-update", updates, "--log-format", "json", "--log-interval",
               max(1, updates // 10), "--seed", 1, "--no-save", "--num-workers", 0]
-    runs = {(precision, graphs): Command("fairseq_cli.train", [*common, "--cuda-graphs", graphs,
-                                                               *check.device_flags(precision)],
-                                         f"train-{precision}-graphs-{graphs}.log")
+
+    def command(precision, graphs):
+        # a --save-dir each, even with --no-save: fairseq-train writes and removes a file there as it
+        # starts, and runs side by side in one folder would remove each other's
+        save_dir = check.path("work", "train", precision, graphs)
+        return Command("fairseq_cli.train", [*common, "--cuda-graphs", graphs, "--save-dir", save_dir,
+                                             *check.device_flags(precision)], f"train-{precision}-graphs-{graphs}.log")
+
+    runs = {(precision, graphs): command(precision, graphs)
             for precision in LOSS_TOLERANCE for graphs in (check.graphs, "off")}
     check.run(*runs.values())
     unjudged = [precision for precision in LOSS_TOLERANCE
