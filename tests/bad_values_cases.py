@@ -2,7 +2,8 @@
 error line it must stop with, before any output path is created. {LM}, {TR}, ... name the files
 of that module's fixture; {OUT} a path that must not appear. Most run the tool's own function on
 the command line in the test's process; those marked cold start `python -m` like a user's shell
-does, in a new process.
+does, in a new process: one for each kind of tool (fairseq-train, -generate and -eval-lm, and this
+project's own), as a cold start costs 5-8 s of CPU where a case in the process costs about one.
 
 What is accepted at 0 and below, on purpose (not cases here):
 - --dropout and the other probabilities at 0, --persistent-vectors,
@@ -103,8 +104,7 @@ CASES = {
     "generate --max-len-b below --min-len": Case(
         "generate", [*GENERATE, "--max-len-b", "0"], "AssertionError: min_len cannot be larger than max_len, please "
                                                      "adjust these! (in fairseq.sequence_generator"),
-    "generate --beam 0 (cold)": Case("generate", [*GENERATE, "--beam", "0"], "--nbest 1 is more than --beam 0",
-                                     cold=True),
+    "generate --beam 0": Case("generate", [*GENERATE, "--beam", "0"], "--nbest 1 is more than --beam 0"),
     "interactive --beam 0": Case("interactive", [*GENERATE, "--beam", "0"], "--nbest 1 is more than --beam 0",
                                  stdin="s1 s2\n"),
     "translation --batch-size 0": tr("--batch-size", "0", message="--batch-size must be at least 1, got 0"),
@@ -122,8 +122,7 @@ CASES = {
         message="--tokens-per-sample 8 is longer than the model allows (4): use shorter blocks"),
     "lm --max-tokens-valid 0": lm("--max-tokens-valid", "0", message="--max-tokens-valid 0 holds no block"),
     "eval-lm --batch-size 0": Case("eval_lm", [*EVAL_LM, "--batch-size", "0"], "--batch-size must be at least 1"),
-    "eval-lm --batch-size -1 (cold)": Case("eval_lm", [*EVAL_LM, "--batch-size", "-1"],
-                                           "--batch-size must be at least 1", cold=True),
+    "eval-lm --batch-size -1": Case("eval_lm", [*EVAL_LM, "--batch-size", "-1"], "--batch-size must be at least 1"),
     "eval-lm --tokens-per-sample 0": Case("eval_lm", [*EVAL_LM, "--tokens-per-sample", "0"],
                                           "--tokens-per-sample must be at least 1, got 0"),
     "eval-lm --tokens-per-sample -1": Case("eval_lm", [*EVAL_LM, "--tokens-per-sample", "-1"],
@@ -151,9 +150,9 @@ CASES = {
     "feedback_lm under --task translation": Case(
         "train", ["{TR}", "--arch", "feedback_lm", "--max-tokens", "200", "--cpu", "--save-dir", "{OUT}"],
         "feedback_lm is a language model: use --task feedback_language_modeling"),
-    "feedback_lm_wiki103 under --task translation (cold)": Case(
+    "feedback_lm_wiki103 under --task translation": Case(
         "train", ["{TR}", "--arch", "feedback_lm_wiki103", "--max-tokens", "200", "--cpu", "--save-dir", "{OUT}"],
-        "feedback_lm is a language model", cold=True),
+        "feedback_lm is a language model"),
     "feedback_transformer under --task feedback_language_modeling": tr(
         "--task", "feedback_language_modeling", data="{LM}", message="feedback_transformer is a translation model"),
     "feedback_transformer under --task language_modeling": tr(
@@ -186,20 +185,19 @@ CASES = {
     # splits: missing, or of no lines
     "lm: no valid split": lm(data="{LM_NO_VALID}", message="split 'valid' not found in {LM_NO_VALID}"),
     "lm: no such --train-subset": lm("--train-subset", "nosuch", message="split 'nosuch' not found in {LM}"),
-    "lm: empty train split (cold)": lm(data="{LM_EMPTY}", cold=True,
-                                       message="{LM_EMPTY}/train.bin holds no lines"),
+    "lm: empty train split": lm(data="{LM_EMPTY}", message="{LM_EMPTY}/train.bin holds no lines"),
     "lm: data directory missing": lm(data="{OUT}-data", message="data directory {OUT}-data not found"),
     "eval-lm: no test split": Case("eval_lm", [*EVAL_LM, "--gen-subset", "nosuch"], "split 'nosuch' not found in {LM}"),
     "eval-lm: empty test split": Case("eval_lm", ["{LM_EMPTY}", *EVAL_LM[1:], "--gen-subset", "test"],
                                       "{LM_EMPTY}/test.bin holds no lines"),
     "translation: no valid split": tr(data="{TR_NO_VALID}", message="split 'valid' not found in {TR_NO_VALID}"),
-    "translation: empty train split (cold)": tr(data="{TR_EMPTY}", cold=True,
-                                                message="{TR_EMPTY}/train.src-tgt.src.bin holds no lines"),
+    "translation: empty train split": tr(data="{TR_EMPTY}",
+                                          message="{TR_EMPTY}/train.src-tgt.src.bin holds no lines"),
     "translation: no language pair": tr(data="{LM}", message="no binarized data found in {LM}"),
     "generate: no test split": Case("generate", [*GENERATE, "--gen-subset", "nosuch"],
                                     "split 'nosuch' not found in {TR}"),
-    "generate: empty test split (cold)": Case("generate", ["{TR_EMPTY}", *GENERATE[1:], "--gen-subset", "test"],
-                                              "{TR_EMPTY}/test.src-tgt.src.bin holds no lines", cold=True),
+    "generate: empty test split": Case("generate", ["{TR_EMPTY}", *GENERATE[1:], "--gen-subset", "test"],
+                                       "{TR_EMPTY}/test.src-tgt.src.bin holds no lines"),
     # checkpoints given explicitly: missing, cut short, empty, not a checkpoint
     "lm --restore-file missing": lm("--restore-file", "{OUT}.pt", message="--restore-file {OUT}.pt not found"),
     "lm --restore-file truncated": lm("--restore-file", "{TRUNCATED}", message="{TRUNCATED} is truncated"),
@@ -211,8 +209,8 @@ CASES = {
     "translation --restore-file not a checkpoint": tr(
         "--restore-file", "{TEXT_FILE}", message="{TEXT_FILE} is a text file (it begins 'not a checkpoint'), not a "
                                                  "checkpoint"),
-    "generate --path truncated (cold)": Case("generate", ["{TR}", "--path", "{TRUNCATED}", "--cpu"],
-                                             "{TRUNCATED} is truncated", cold=True),
+    "generate --path truncated": Case("generate", ["{TR}", "--path", "{TRUNCATED}", "--cpu"],
+                                      "{TRUNCATED} is truncated"),
     "generate --path truncated --results-path": Case(
         "generate", ["{TR}", "--path", "{TRUNCATED}", "--cpu", "--results-path", "{OUT}"], "{TRUNCATED} is truncated"),
     "generate --path missing": Case("generate", ["{TR}", "--path", "{OUT}.pt", "--cpu"],
