@@ -186,7 +186,10 @@ RECIPES = {
         Recipe("debian_docs", fx.write_debian_docs, [_prepare("prepare_debian_docs")],
                overrides(SAME_SIZE_LM_TINY, **{"--batch-size": 4, "--tokens-per-sample": 64})),
         Recipe("toy", lambda raw: {},
-               [("UPDATES=50000", "UPDATES=4"), ("EVERY=1000 ", "EVERY=2 "),
+               # each model trained and tested once; the command run again, with one step more, tests only that
+               # step of random_walk's models, continuing their checkpoints
+               [("UPDATES=50000", "UPDATES=2"), ("EVERY=1000 ", "EVERY=2 "),
+                ("table1 random_walk random_walk  # nothing", "UPDATES=4 table1 random_walk random_walk  # nothing"),
                 ("--out data-raw/toy/$name", "--train 12 --valid 2 --test 3 --out data-raw/toy/$name")],
                {"fairseq-train": {"add": CPU_TRAIN + TOY_TINY, "set": {"--batch-size": 4, "--tokens-per-sample": 16}},
                 "feedback-evaluate-toy": {"add": ["--cpu"], "set": {"--batch-size": 4}}},

@@ -511,17 +511,19 @@ def test_toy_recipe(runs, name):
         save = Path(args.save_dir)
         assert (args.decoder_layers, args.no_feedback) == TOY_MODELS[save.name]
         steps.setdefault((save.parent.name, save.name), []).append(args.max_update)
-    # every model of every task, trained in two steps of 2 updates, and the command run again trained nothing
-    assert steps == {(task, model): [2, 4] for task, n in TOY_TABLE1.items() for model in list(TOY_MODELS)[:n]}
+    # every model of every task trained and tested at 2 updates; the command run again with 4 trained random_walk's
+    # models on from their checkpoints, and nothing else
+    updates = {task: [2, 4] if task == "random_walk" else [2] for task in TOY_TABLE1}
+    assert steps == {(task, model): updates[task] for task, n in TOY_TABLE1.items() for model in list(TOY_MODELS)[:n]}
     for task, model in steps:
         save = run.work / "checkpoints" / "toy" / task / model
-        results = [json.loads((save / f"test.{u}.json").read_text()) for u in (2, 4)]
-        assert [r["updates"] for r in results] == [2, 4] and all(r["train_seconds"] > 0 for r in results)
-        # step 2 continued from step 1's checkpoint
-        assert f"Loaded checkpoint checkpoints/toy/{task}/{model}/checkpoint_last.pt (epoch 1 @ 2 updates)" in output
+        results = [json.loads((save / f"test.{u}.json").read_text()) for u in updates[task]]
+        assert [r["updates"] for r in results] == updates[task] and all(r["train_seconds"] > 0 for r in results)
+        if len(results) > 1:  # the second step continued from the first one's checkpoint
+            assert f"Loaded checkpoint {save.relative_to(run.work)}/checkpoint_last.pt (epoch 1 @ 2 updates)" in output
         table = (run.work / "results" / "toy" / "table1.md").read_text()
-        token, episode = (results[1][m] for m in METRICS[results[1]["task"]])
-        assert f"| {task} | {model} | 4 | {100 * token:.1f} | {100 * episode:.1f} |" in table
+        token, episode = (results[-1][m] for m in METRICS[results[-1]["task"]])
+        assert f"| {task} | {model} | {updates[task][-1]} | {100 * token:.1f} | {100 * episode:.1f} |" in table
     plots = sorted(p.name for p in (run.work / "results" / "toy").glob("*.png"))
     assert plots == sorted(f"{task}.png" for task in TOY_TABLE1)
     assert "Traceback" not in output
