@@ -276,6 +276,27 @@ def test_a_command_that_fails_fails_its_step_with_its_error_line_and_parts_not_a
     assert proc.returncode == 0 and [r["status"] for r in report_of(tmp_path)["steps"]] == ["not run", "passed"]
 
 
+def test_fairseq_train_runs_side_by_side_in_one_save_dir_are_refused_before_either_starts(tmp_path):
+    """fairseq-train writes and removes checkpoints/dummy as it starts, --no-save or not: two runs side by
+    side in one folder removed each other's, and one failed at random (FileNotFoundError)."""
+    def trains_twice(check):
+        check.run(Command("fairseq_cli.train", ["data-bin", "--no-save"], "one.log"),
+                  Command("fairseq_cli.train", ["data-bin", "--no-save"], "two.log"))
+
+    def trains_apart(check):
+        check.run(*[Command("fairseq_cli.train", ["data-bin", "--save-dir", name], f"{name}.log")
+                    for name in ("one", "two")])
+        return Outcome("both ran")
+
+    passes_if_run = [sys.executable, "-c", "print('ran')"]
+    with mock.patch(LAUNCHER, lambda module: passes_if_run):
+        proc = check_with([step("1", trains_twice), step("2", trains_apart)], tmp_path)
+    first, second = report_of(tmp_path)["steps"]
+    assert first["status"] == "failed" and first["summary"].startswith(
+        "fairseq-train runs side by side share a --save-dir: ") and not first["logs"]
+    assert second["status"] == "passed" and len(second["logs"]) == 2, proc.stderr
+
+
 def test_a_failing_gpu_test_fails_step_1_and_names_the_test(tmp_path):
     tests = probe_tests(tmp_path)
     with open(os.path.join(tests, "test_probe.py"), "a") as f:

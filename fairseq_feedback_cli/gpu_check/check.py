@@ -67,6 +67,17 @@ class Command:
         return f"{self.name} {shlex.join(self.args)}"
 
 
+def fairseq_save_dir(command: Command, folder: str) -> Optional[str]:
+    """The --save-dir of a fairseq-train command (fairseq's default: checkpoints, in the folder it runs
+    in); None for another tool. fairseq-train writes and removes a file there as it starts, --no-save or
+    not."""
+    if command.module != "fairseq_cli.train":
+        return None
+    args = command.args
+    given = args[len(args) - args[::-1].index("--save-dir")] if "--save-dir" in args else "checkpoints"
+    return os.path.normpath(os.path.join(command.cwd or folder, given))
+
+
 def launcher(module: str) -> List[str]:
     """How a command starts: its module under the Python that runs this check, whatever PATH holds."""
     return [sys.executable, "-m", module]
@@ -170,6 +181,10 @@ class Check:
         """Runs `commands` side by side; their exit statuses. At the deadline
         it stops them and raises OutOfTime; with `check`, a command that
         failed raises StepFailed, naming it and its error."""
+        save_dirs = [save_dir for save_dir in (fairseq_save_dir(command, self.folder) for command in commands)
+                     if save_dir is not None]
+        if len(set(save_dirs)) < len(save_dirs):  # each would remove the file the other checks its folder with
+            raise StepFailed(f"fairseq-train runs side by side share a --save-dir: {', '.join(save_dirs)}")
         procs = []
         try:
             for command in commands:

@@ -89,8 +89,7 @@ def training_comparison(check: Check) -> Outcome:
               max(1, updates // 10), "--seed", 1, "--no-save", "--num-workers", 0]
 
     def command(precision, graphs):
-        # a --save-dir each, even with --no-save: fairseq-train writes and removes a file there as it
-        # starts, and runs side by side in one folder would remove each other's
+        # a --save-dir each, even with --no-save: side by side, they must not share one (check.fairseq_save_dir)
         save_dir = check.path("work", "train", precision, graphs)
         return Command("fairseq_cli.train", [*common, "--cuda-graphs", graphs, "--save-dir", save_dir,
                                              *check.device_flags(precision)], f"train-{precision}-graphs-{graphs}.log")
