@@ -69,13 +69,17 @@ class Command:
 
 def fairseq_save_dir(command: Command, folder: str) -> Optional[str]:
     """The --save-dir of a fairseq-train command (fairseq's default: checkpoints, in the folder it runs
-    in); None for another tool. fairseq-train writes and removes a file there as it starts, --no-save or
-    not."""
-    if command.module != "fairseq_cli.train":
+    in); None for another tool, or a rank but the first. fairseq-train's first rank writes and removes a
+    file there as it starts, --no-save or not."""
+    if command.module != "fairseq_cli.train" or option_value(command.args, "--distributed-rank", "0") != "0":
         return None
-    args = command.args
-    given = args[len(args) - args[::-1].index("--save-dir")] if "--save-dir" in args else "checkpoints"
-    return os.path.normpath(os.path.join(command.cwd or folder, given))
+    return os.path.normpath(os.path.join(command.cwd or folder, option_value(command.args, "--save-dir",
+                                                                                "checkpoints")))
+
+
+def option_value(args: List[str], option: str, default: str) -> str:
+    """The value argparse reads for `option`: its last."""
+    return args[len(args) - args[::-1].index(option)] if option in args else default
 
 
 def launcher(module: str) -> List[str]:
