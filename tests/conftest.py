@@ -1,4 +1,5 @@
 import os
+import shutil
 import subprocess
 import sys
 import types
@@ -16,15 +17,59 @@ def pytest_configure(config):
                                        "tests/test_cpu_kernels.py runs it again under each of the CPU's kernel sets")
     config.addinivalue_line("markers", "core: a test of a module in CORE, which `make test-torch` runs under "
                                        "another torch (-m core)")
+    config.addinivalue_line("markers", "slow: starts Python anew (a tool as a user's shell starts it, two ranks, "
+                                       "a run to kill, the recipes' shells); `make test-slow` runs these, "
+                                       "`make test` the others, CI both")
+    subprocess.Popen.__init__ = _new_pythons_only_where_slow(subprocess.Popen.__init__)
     if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test`: one worker per core, one thread each
         torch.set_num_threads(1)
+
+
+# --- the slow tests: those that start Python anew, each paying 5-8 s of CPU for its imports ---------
+
+_SLOW = {"now": None}  # whether the test that runs now is marked slow; None between tests (xdist's workers)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item):
+    """The test's mark holds through its fixtures' setup and teardown too: a module's fixture is set up by
+    the first test that asks for it."""
+    _SLOW["now"] = item.get_closest_marker("slow") is not None
+    yield
+    _SLOW["now"] = None
+
+
+def _new_pythons_only_where_slow(start):
+    """subprocess.Popen.__init__, refusing a new Python outside the tests marked slow: `make test` stays
+    fast by rule, not by care. A Python that a shell starts is out of its sight (docs/testing.md)."""
+    def starts(self, args, *rest, **kwargs):
+        program = args if isinstance(args, (str, os.PathLike)) else args[0]
+        if _SLOW["now"] is False and not kwargs.get("shell") and _is_python(str(program)):
+            raise AssertionError(f"this test starts a new Python ({' '.join(map(str, args))[:200]}): mark it "
+                                 "@pytest.mark.slow, or run the code in this process (docs/testing.md)")
+        start(self, args, *rest, **kwargs)
+
+    return starts
+
+
+def _is_python(program: str) -> bool:
+    """This interpreter, or a script it runs (a console script's first line names it)."""
+    path = os.path.realpath(shutil.which(program) or program)
+    if path == os.path.realpath(sys.executable):
+        return True
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(200)
+    except OSError:
+        return False
+    return first.startswith(b"#!") and b"python" in first
 
 
 def pytest_report_header():
     return f"CPU kernels: {torch.backends.cpu.get_cpu_capability()} (ATEN_CPU_CAPABILITY)"
 
 
-# the modules that take longest, started first under `make test` (a module runs on one worker): the
+# the modules that take longest, started first in either tier (a module runs on one worker): the
 # recipes run in the background, their longest one a chain of 80 commands, while the other worker goes on
 FIRST = ("test_recipes.py", "test_bad_values.py", "test_translation_cli.py", "test_cpu_tier.py",
          "test_reliability.py", "test_data_prep.py")

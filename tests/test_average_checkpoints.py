@@ -4,6 +4,7 @@ import argparse
 import os
 from pathlib import Path
 
+import pytest
 import torch
 from helpers import assert_one_error_line, error_of, run_as_a_user
 
@@ -185,6 +186,7 @@ def test_a_failed_write_leaves_no_output(tmp_path, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.pt", "avg.pt"]
 
 
+@pytest.mark.slow
 def test_a_command_line_error_is_one_line_without_traceback(tmp_path):
     assert_one_error_line(run_as_a_user("fairseq_feedback_cli.average_checkpoints", "--inputs", ".",
                                         "--num-epoch-checkpoints", 3, "--output", "a.pt", cwd=tmp_path))

@@ -10,8 +10,8 @@ status, exactly one `error:` line, no traceback, no output path (--save-dir,
 --output, --out, --results-path) created, and no checkpoint's code run. Most
 run the tool's own function on the command line in this process (a mistake
 the plugin names printed as its exception hook prints it); those marked cold
-start `python -m` like a user's shell does, in a new process. The module's
-last lines report the counts.
+start `python -m` like a user's shell does, in a new process (marked slow:
+`make test-slow` runs them). The module's last lines report the counts.
 """
 
 import os
@@ -167,7 +167,8 @@ def run_case(case, files, tmp_path):
     TALLY["one line"] += 1
 
 
-@pytest.mark.parametrize("name", CASES)
+@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.slow) if case.cold else name
+                                  for name, case in CASES.items()])
 def test_a_bad_value_stops_with_one_line_and_creates_nothing(name, files, tmp_path):
     run_case(CASES[name], files, tmp_path)
 

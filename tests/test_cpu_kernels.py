@@ -11,6 +11,8 @@ import pytest
 import torch
 from helpers import ENV, REPO
 
+pytestmark = pytest.mark.slow  # a process for each kernel set
+
 # ATen's kernel sets on x86-64, each a subset of the next
 KERNEL_SETS = ["default", "avx2", "avx512"]
 OWN = torch.backends.cpu.get_cpu_capability().lower()

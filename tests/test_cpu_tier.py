@@ -18,6 +18,8 @@ from helpers import ENV, run, run_module
 
 from fairseq_feedback_cli.data_prep.characters import byte_dictionary, write_bytes, write_dictionary
 
+pytestmark = pytest.mark.slow  # the script starts each tool as a process
+
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "examples" / "results" / "cpu_tier.sh"
 

@@ -895,6 +895,7 @@ def losses(log):
     return [float(x) for x in re.findall(r"train_inner \| .*? loss=([\d.]+)", log)]
 
 
+@pytest.mark.slow
 def test_fairseq_train_through_the_stand_in_follows_the_eager_loss_curve(synthetic_translation, tmp_path):
     """--cuda-graphs emulate (the path a GPU takes, the CUDA calls stood in
     for) against --no-cuda-graphs, dropout 0, --update-freq 2 and a

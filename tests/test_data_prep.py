@@ -189,6 +189,7 @@ def test_test_sets_that_do_not_pair_up_are_named_and_nothing_is_written(tmp_path
 
 @pytest.mark.parametrize("how", [["-m", "fairseq_feedback_cli.data_prep.prepare_wikitext103"],
                                  ["fairseq_feedback_cli/data_prep/prepare_iwslt14_de_en.py"]])
+@pytest.mark.slow
 def test_command_line_error_is_one_line(tmp_path, how):
     (tmp_path / "raw").mkdir()
     proc = subprocess.run([sys.executable, *how, "--raw", str(tmp_path / "raw"), *map(str, dirs(tmp_path))],
@@ -232,6 +233,7 @@ def running(pid) -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_sigterm_ends_the_scripts_fairseq_preprocess_and_leaves_no_partial_output(tmp_path):
     """kill (SIGTERM) stops a data script as Ctrl-C does: its fairseq-preprocess
     stops too, no partial folder stays, and it says so in one line."""

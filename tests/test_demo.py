@@ -74,6 +74,7 @@ def test_demo_checkpoints_and_commands(toy_model, tmp_path):
     assert "--no-feedback" in cmd and cmd[cmd.index("--max-update") + 1] == str(demo.CONFIG["updates"])
 
 
+@pytest.mark.slow
 def test_demo_data_is_the_generated_task_binarized_with_its_labels(tmp_path):
     raw, data = demo.make_data(str(tmp_path / "data"), demo.TINY, demo.child_env(1))
     lines = {kind: (tmp_path / "data" / "raw" / "random_walk" / f"test.{kind}").read_text().splitlines()

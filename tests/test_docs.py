@@ -182,6 +182,7 @@ def shown_headers(block: Block) -> List[str]:
     return shown
 
 
+@pytest.mark.slow  # the block's shell starts each tool as a process
 @pytest.mark.parametrize("block", shell_blocks("tested"), ids=str)
 def test_a_tested_block_runs_at_tiny_sizes(block, tmp_path):
     tools = {c.split()[0] for c in commands(block.text)}

@@ -160,6 +160,7 @@ REFUSED_WRITES = {
 
 
 @pytest.mark.parametrize("module, argv", REFUSED_WRITES.values(), ids=REFUSED_WRITES.keys())
+@pytest.mark.slow
 def test_a_write_the_system_refuses_midway_is_one_line_and_leaves_nothing(tmp_path, module, argv):
     """Under a file-size limit (ulimit -f), as on a disk that fills, writes fail midway: each tool ends in
     one line naming its output and the fix, and leaves nothing that looks finished (tracebacks before)."""
@@ -194,6 +195,7 @@ def test_an_output_that_is_a_device_is_written_not_replaced(tmp_path):
     assert refused.value.filename == str(full) and stat.S_ISCHR(os.stat(full).st_mode)
 
 
+@pytest.mark.slow
 def test_ctrl_c_is_one_line_and_leaves_nothing(tmp_path):
     """Ctrl-C while a data script writes (synthetic_translation): a traceback before."""
     out = tmp_path / "corpus"

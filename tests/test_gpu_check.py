@@ -84,6 +84,7 @@ def checked(tmp_path_factory):
     return proc.stdout, json.loads((out / "report.json").read_text()), (out / "report.md").read_text(), out
 
 
+@pytest.mark.slow
 def test_the_whole_sequence_runs_on_the_cpu_in_order_with_a_line_per_step(checked):
     stdout, report, _, out = checked
     keys = [step.key for step in cli.STEPS]
@@ -99,6 +100,7 @@ def test_the_whole_sequence_runs_on_the_cpu_in_order_with_a_line_per_step(checke
         assert not any(".tmp" in command for command in record["commands"])
 
 
+@pytest.mark.slow
 def test_the_gpu_tests_run_in_one_process_and_their_counts_are_reported(checked):
     _, report, _, _ = checked
     tests = report["steps"][0]
@@ -106,6 +108,7 @@ def test_the_gpu_tests_run_in_one_process_and_their_counts_are_reported(checked)
     assert tests["figures"] == {"pytest exit status": 0, "passed": 1, "skipped": 1, "deselected": 1, "failed": []}
 
 
+@pytest.mark.slow
 def test_training_with_graphs_gives_the_losses_of_training_without(checked):
     _, report, _, _ = checked
     record = report["steps"][1]
@@ -119,6 +122,7 @@ def test_training_with_graphs_gives_the_losses_of_training_without(checked):
     assert sum("--fp16" in command for command in record["commands"]) == 2
 
 
+@pytest.mark.slow
 def test_the_benchmark_compares_graphs_eager_and_fairseq_and_says_what_the_cpu_cannot_measure(checked):
     _, report, markdown, _ = checked
     for record, fairseq, feedback in ((report["steps"][2], "transformer", "feedback_transformer"),
@@ -136,6 +140,7 @@ def test_the_benchmark_compares_graphs_eager_and_fairseq_and_says_what_the_cpu_c
     assert eval_lm["graphs captured"] > 0
 
 
+@pytest.mark.slow
 def test_the_rows_sweep_gives_both_models_at_each_batch_each_at_its_best_and_the_profile(checked):
     """Steps 3d and 3e, feedback-benchmark --rows 2,8: both models at both
     batches, the best-batch ratio, and the feedback model's step profiled
@@ -165,6 +170,7 @@ def test_the_rows_sweep_gives_both_models_at_each_batch_each_at_its_best_and_the
         assert f"| {batches[-1]} | {fairseq} | " in section and NOT_MEASURED in section
 
 
+@pytest.mark.slow
 def test_step_3e_runs_the_rows_sweep_of_docs_performance_md(checked):
     """The page's command, at the check's sizes and with its options (tiny,
     fp16, the graphs through the stand-in; one thread on the CPU); the
@@ -186,6 +192,7 @@ def test_step_3e_runs_the_rows_sweep_of_docs_performance_md(checked):
     assert set(re.split(r"\s{2,}", header.strip())) <= set(re.split(r"\s{2,}", printed.strip()))
 
 
+@pytest.mark.slow
 def test_two_ranks_with_graphs_equal_one_rank_with_twice_the_batch(checked):
     _, report, markdown, _ = checked
     figures = report["steps"][-1]["figures"]
@@ -195,6 +202,7 @@ def test_two_ranks_with_graphs_equal_one_rank_with_twice_the_batch(checked):
     assert f"| NCCL | {NOT_MEASURED} (gloo on the CPU) |" in markdown
 
 
+@pytest.mark.slow
 def test_the_report_names_the_machine_and_every_figure_its_machine(checked):
     _, report, markdown, _ = checked
     assert report["machine"]["torch"] == torch.__version__ and report["machine"]["device"].startswith("CPU: ")
@@ -205,6 +213,7 @@ def test_the_report_names_the_machine_and_every_figure_its_machine(checked):
         assert section.split("\n")[4].startswith(f"On {device}"), record["step"]  # after the result line
 
 
+@pytest.mark.slow
 def test_the_commands_of_docs_gpu_check_md_are_the_ones_run_here(checked):
     """The page's CPU command is the run above (its --updates and --out apart); its GPU command, a template."""
     _, report, _, _ = checked
@@ -260,6 +269,7 @@ def test_a_step_that_raises_is_a_failure_with_its_traceback_kept(tmp_path):
     assert report_of(tmp_path)["steps"][1]["status"] == "passed"
 
 
+@pytest.mark.slow
 def test_a_command_that_fails_fails_its_step_with_its_error_line_and_parts_not_asked_for_are_not_run(tmp_path):
     def runs_a_command(check):
         check.run(Command("fairseq_cli.train", ["data-bin"], "train.log"))
@@ -276,6 +286,7 @@ def test_a_command_that_fails_fails_its_step_with_its_error_line_and_parts_not_a
     assert proc.returncode == 0 and [r["status"] for r in report_of(tmp_path)["steps"]] == ["not run", "passed"]
 
 
+@pytest.mark.slow
 def test_fairseq_train_runs_side_by_side_in_one_save_dir_are_refused_before_either_starts(tmp_path):
     """fairseq-train writes and removes checkpoints/dummy as it starts, --no-save or not: two runs side by
     side in one folder removed each other's, and one failed at random (FileNotFoundError)."""
@@ -297,6 +308,7 @@ def test_fairseq_train_runs_side_by_side_in_one_save_dir_are_refused_before_eith
     assert second["status"] == "passed" and len(second["logs"]) == 2, proc.stderr
 
 
+@pytest.mark.slow
 def test_a_failing_gpu_test_fails_step_1_and_names_the_test(tmp_path):
     tests = probe_tests(tmp_path)
     with open(os.path.join(tests, "test_probe.py"), "a") as f:
@@ -341,6 +353,7 @@ def test_a_loss_mismatch_or_graphs_that_did_not_run_fail_the_training_comparison
         compare_training(log(6.0, graphs=captured, scales=(128,)), log(6.0, scales=(64,)), 0.01)
 
 
+@pytest.mark.slow
 def test_too_few_updates_for_a_shape_to_come_twice_is_not_judged_rather_than_a_failure(tmp_path):
     """--updates 1 or 2 passed its checks, then always failed with "no graph was captured": a shape is
     captured at its second sighting, and no shape came twice. That is no failure of the graph path."""
@@ -452,6 +465,7 @@ def test_the_gpus_are_read_from_nvidia_smi():
                                           "memory": "81559 MiB", "compute mode": "Default"}]
 
 
+@pytest.mark.slow
 def test_the_check_leaves_fairseqs_loggers_as_it_found_them(checked):
     """The check runs in the process that calls it (a test's): fairseq's
     tools run after it there must still log their progress lines."""

@@ -80,6 +80,7 @@ def test_resumed_training_continues_the_streams(trained, tmp_path):
     assert (resumed["epoch"], resumed["iterations_in_epoch"]) == (saved["epoch"], saved["iterations_in_epoch"] + 5)
 
 
+@pytest.mark.slow
 def test_two_workers_train_to_the_parameters_of_one_worker_with_both_workers_streams(trained, tmp_path):
     common = [trained.data, *LM_MODEL, "--optimizer", "sgd", "--lr", "0.5", "--tokens-per-sample", 16,
               "--max-update", 5, "--ddp-backend", "legacy_ddp"]

@@ -97,6 +97,7 @@ def broken_copy(raw: Path, tmp_path: Path, name: str, content: bytes) -> Path:
     return copy
 
 
+@pytest.mark.slow
 def test_de_en_bad_inputs_are_one_line_errors(tmp_path, de_en_raw):
     raw, _ = de_en_raw
     gimp = next(raw.glob("gimp-data_*.deb")).name

@@ -46,6 +46,8 @@ from recipes import ENWIK8_SIZES, RECIPES, TABLE9, TABLE9_CHARACTERS, TABLE9_TOY
 import recipe_shims
 from fairseq_feedback_cli.toy.scoring import METRICS
 
+pytestmark = pytest.mark.slow  # the recipes' shells start the tools as processes
+
 REPO = Path(__file__).resolve().parents[1]
 RECIPE_TIMEOUT = 1200  # stops a hung recipe; the toy recipe passed 600 s on 2 cores shared with another run
 

@@ -99,6 +99,7 @@ def updates(path):
     return torch.load(path)["optimizer_history"][-1]["num_updates"]
 
 
+@pytest.mark.slow
 def test_a_killed_save_leaves_every_checkpoint_complete(killed_run):
     finished = sorted(name for name in os.listdir(killed_run) if name.endswith(".pt"))
     assert finished == ["checkpoint_1_3.pt", "checkpoint_1_6.pt", "checkpoint_last.pt"]
@@ -114,6 +115,7 @@ def set_times_against_the_updates(save_dir):
 
 
 @pytest.mark.parametrize("last", ["behind", "missing"])
+@pytest.mark.slow
 def test_after_a_save_cut_short_training_resumes_from_the_furthest_complete_checkpoint(killed_run, translation_data,
                                                                                         tmp_path, last):
     """The kill left checkpoint_last.pt at update 3 beside a complete copy of update 6; a disk that filled
@@ -134,6 +136,7 @@ def test_after_a_save_cut_short_training_resumes_from_the_furthest_complete_chec
     assert "@ 6 updates" in proc.stdout and last_number(r"num_updates (\d+)", proc.stdout) == 8
 
 
+@pytest.mark.slow
 def test_a_truncated_checkpoint_last_is_passed_over_for_the_furthest_complete_one(killed_run, translation_data,
                                                                                      tmp_path):
     shutil.copytree(killed_run, tmp_path, dirs_exist_ok=True)
@@ -149,6 +152,7 @@ def test_a_truncated_checkpoint_last_is_passed_over_for_the_furthest_complete_on
     assert updates(last) == 8
 
 
+@pytest.mark.slow
 def test_a_save_dir_copied_with_cp_r_resumes_from_checkpoint_last(killed_run, translation_data, tmp_path):
     """A finished run's folder, copied with cp -r (new times, in copy order): a checkpoint_best.pt of update 3
     came out newer than checkpoint_last.pt of update 6, and the run resumed from update 3 with a warning, then
@@ -185,6 +189,7 @@ def test_a_run_abandoned_for_an_earlier_checkpoint_is_not_resumed_however_far_it
     assert checkpoint_to_resume(str(tmp_path)).path == str(tmp_path / "checkpoint_1_40.pt")
 
 
+@pytest.mark.slow
 def test_a_truncated_checkpoint_last_alone_is_one_line(killed_run, translation_data, tmp_path):
     last = tmp_path / "checkpoint_last.pt"
     last.write_bytes((killed_run / "checkpoint_last.pt").read_bytes()[:1000])
@@ -206,6 +211,7 @@ runpy.run_module("fairseq_cli.train", run_name="__main__")
 """
 
 
+@pytest.mark.slow
 def test_a_save_the_system_refuses_is_one_line_leaves_no_partial_file_and_the_next_run_resumes(
         killed_run, translation_data, tmp_path):
     """A full disk, or a file-size limit: fairseq retried torch.save into the same file, logged tracebacks
@@ -238,6 +244,7 @@ with held(sys.argv[1], sys.argv[2]):
 
 
 @pytest.mark.parametrize("tool", ["train", "generate"])
+@pytest.mark.slow
 def test_a_folder_in_use_by_a_running_job_is_refused_until_the_job_ends_however_it_ends(
         killed_run, translation_data, tmp_path, tool):
     """Two runs into one --save-dir (or --results-path) both ended with exit status 0, their checkpoints
@@ -285,6 +292,7 @@ runpy.run_module(f"fairseq_cli.{tool}", run_name="__main__", alter_sys=True)  # 
 
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
 @pytest.mark.parametrize("tool", ["train", "generate"])
+@pytest.mark.slow
 def test_an_interrupted_run_is_one_line_and_leaves_what_was_finished_as_it_was(killed_run, translation_data, tmp_path,
                                                                                tool, sig):
     """Ctrl-C during fairseq-generate --results-path D replaced a complete earlier result with part of a new
@@ -323,6 +331,7 @@ def test_ctrl_c_in_a_tool_that_trains_nothing_speaks_of_that_tool(monkeypatch, t
 
 @pytest.mark.parametrize("what", ["a link to nothing", "a file"])
 @pytest.mark.parametrize("tool", ["train", "generate"])
+@pytest.mark.slow
 def test_a_destination_that_cannot_be_a_folder_is_one_line_before_any_work(killed_run, translation_data, tmp_path,
                                                                            tool, what):
     folder = tmp_path / "out"
@@ -413,6 +422,7 @@ def test_resuming_mid_epoch_in_another_stream_layout_is_one_line(lm_data, lm_mid
     assert updates(tmp_path / "checkpoint_last.pt") == 3  # nothing was trained or written
 
 
+@pytest.mark.slow
 def test_the_same_streams_on_two_workers_resume_and_reset_dataloader_starts_over(lm_data, lm_mid_epoch, tmp_path):
     shutil.copy(lm_mid_epoch / "checkpoint_last.pt", tmp_path / "checkpoint_last.pt")
     log = train_on_two_workers(lm_data, *LM_TRAIN, "--batch-size", 2, "--max-update", 5,
@@ -438,6 +448,7 @@ open("my-own-missing-file.txt")
 
 
 @pytest.mark.parametrize("how", ["script", "module"])
+@pytest.mark.slow
 def test_a_users_program_importing_the_plugin_keeps_its_traceback(tmp_path, how):
     (tmp_path / "mine.py").write_text(USER_SCRIPT)
     command = ["mine.py"] if how == "script" else ["-m", "mine"]
@@ -477,6 +488,7 @@ print(hub.translate("s1 s2 s3"))
 """
 
 
+@pytest.mark.slow
 def test_importing_the_plugin_changes_nothing_and_the_hub_still_loads(killed_run, translation_data, tmp_path):
     """A program of one's own that imports the plugin keeps fairseq and torch
     as they were (but for the numpy 2 fix of fairseq's data classes, which it
@@ -519,6 +531,7 @@ next(batches)
 @pytest.mark.parametrize("fixed", [pytest.param(False, id="fairseq as it is", marks=pytest.mark.skipif(
     sys.version_info >= (3, 14), reason="CPython 3.14 leaves such a thread hanging instead")),
                                    pytest.param(True, id="in a tool with the plugin")])
+@pytest.mark.slow
 def test_a_tool_that_ends_while_fairseq_prefetches_a_batch_exits_as_it_ended(tmp_path, fixed):
     """fairseq prefetches batches in a daemon thread. At the end of
     fairseq-train with CUDA graphs on an H100 the last updates outran it, and
@@ -536,6 +549,7 @@ def test_a_tool_that_ends_while_fairseq_prefetches_a_batch_exits_as_it_ended(tmp
 
 
 @pytest.mark.parametrize("how", ["console script", "python -m"])
+@pytest.mark.slow
 def test_fairseq_tools_still_print_the_plugins_errors_as_one_line(tmp_path, how):
     """... and nothing else: not the twenty lines of hydra's deprecation warnings that fairseq's start-up raised
     (Python's warnings shown, as a user's shell shows them)."""
@@ -566,6 +580,7 @@ cli_main()
 """
 
 
+@pytest.mark.slow
 def test_a_defect_in_this_plugin_still_shows_its_traceback(lm_data, tmp_path):
     (tmp_path / "defect.py").write_text(A_DEFECT_OF_OURS)
     proc = subprocess.run([sys.executable, tmp_path / "defect.py", lm_data, *map(str, LM_TRAIN), "--batch-size", "4",
@@ -591,6 +606,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow
 def test_fairseqs_exception_in_a_rank_it_spawned_is_one_line(lm_data, tmp_path):
     """torch.multiprocessing.spawn gives the parent the rank's traceback as text: the line is the rank's
     exception, as fairseq raised it there (building its trainer)."""

@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 
+import pytest
 import torch
 from bad_values_cases import CASES
 from helpers import REPO
@@ -23,6 +24,7 @@ def errors_section():
     return section("Errors")
 
 
+@pytest.mark.slow
 def test_the_weights_only_refusal_without_the_plugin_is_explained(tmp_path):
     """fairseq's loader without --user-dir: torch refuses the checkpoint with the message the README quotes."""
     path = tmp_path / "checkpoint.pt"

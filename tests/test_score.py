@@ -220,6 +220,7 @@ def test_score_errors_are_one_line(tmp_path):
     assert "not UTF-8" in error_of(score, "--metric", "bleu", "--hyp", tmp_path / "latin1.txt", "--ref", one)
 
 
+@pytest.mark.slow
 def test_a_command_line_error_is_one_line_without_traceback(tmp_path):
     assert_one_error_line(run_as_a_user("fairseq_feedback_cli.score", "--metric", "bleu", "--gen", "missing.out",
                                         cwd=tmp_path))

@@ -190,6 +190,7 @@ def test_sentence_longer_than_the_positions_is_one_line(trained):
     assert last_line(proc).startswith("error: Size of sample #0 is invalid (=(1101, 0))")
 
 
+@pytest.mark.slow
 def test_two_workers_train_to_the_parameters_of_one_worker_with_both_batches(tmp_path):
     """gloo on CPU, one process per rank: each worker takes 4 of the 8
     sentences per update, the single worker all 8."""
