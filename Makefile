@@ -6,7 +6,7 @@ VENV ?= .venv
 TORCH ?= torch==2.13.0
 BIN = $(VENV)/bin
 
-.PHONY: setup test test-torch demo bench cpu-tier clean
+.PHONY: setup test test-slow test-torch demo bench cpu-tier clean
 
 setup: $(VENV)/.installed
 
@@ -17,12 +17,17 @@ $(VENV)/.installed: setup.py
 	$(BIN)/pip install --quiet -e ".[test]"
 	touch $@
 
-# every test, on every core (pytest-xdist), one thread per worker; a test module stays on one
-# worker, which trains its fixtures once; tests/conftest.py starts the longest modules first;
-# tests/test_cpu_kernels.py runs the half-precision tests again under the CPU's other kernel sets
+# on every core (pytest-xdist), one thread per worker; a test module stays on one worker, which
+# trains its fixtures once; tests/conftest.py starts the longest modules first. `make test`: every
+# test that runs in pytest's processes; `make test-slow`: those that start Python anew (marked slow:
+# the recipes and the CPU tier end to end, tools started as a shell starts them, two ranks, runs
+# killed midway, the half-precision tests under the CPU's other kernel sets). CI runs both.
 PYTEST = OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n auto --dist loadscope --no-loadscope-reorder
 test: setup
-	$(PYTEST) tests
+	$(PYTEST) -m "not slow" tests
+
+test-slow: setup
+	$(PYTEST) -m slow tests
 
 # The core tests (tests/conftest.py: CORE) under the torch TORCH names (e.g. TORCH=torch==2.6.0), in
 # an environment of its own, built afresh (.venv-torch-2.6.0; .venv stays as it is): that torch first,
