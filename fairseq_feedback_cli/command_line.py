@@ -4,8 +4,8 @@
 traceback; the parser's own errors (a missing or mistyped option) end the same way, without
 argparse's usage dump; `check_at_least` names a count given below the values it can take;
 `quiet` leaves a tool's result as the one thing it prints; `command` makes a kill end a command
-as Ctrl-C does (`sigterm_as_ctrl_c`, which fairseq's tools get from the plugin too), and a write
-that the system refuses midway end in one line.
+as Ctrl-C does (`sigterm_as_ctrl_c_in_this_process`; fairseq's tools get the plugin's
+`sigterm_as_ctrl_c_in_every_process`), and a write that the system refuses midway end in one line.
 """
 
 import argparse
@@ -31,7 +31,7 @@ def command(main: Callable, interrupted: str = "nothing it was writing was left;
     @functools.wraps(main)
     def run(*args, **kwargs):
         try:
-            with sigterm_as_ctrl_c():
+            with sigterm_as_ctrl_c_in_this_process():
                 return main(*args, **kwargs)
         except KeyboardInterrupt:
             fail(f"interrupted; {interrupted}")
@@ -72,15 +72,17 @@ def quiet() -> None:
 
 
 @contextlib.contextmanager
-def sigterm_as_ctrl_c() -> Iterator[None]:
+def sigterm_as_ctrl_c_in_this_process() -> Iterator[None]:
     """Within the block, SIGTERM (kill, a job scheduler's stop) raises
-    KeyboardInterrupt, as Ctrl-C does: the processes the command started are
+    KeyboardInterrupt in the command's own process, as Ctrl-C does, and a
+    worker forked from it dies as killed: the processes the command started are
     stopped (subprocess.run kills its child on any exception, a Pool its
     workers), its partial outputs removed, and it ends with its one line; by
     default Python would die at once and leave them running. Every command
     of this project runs within it (`command`). (fairseq's tools with the
-    plugin hand SIGTERM to Python's own Ctrl-C handler, as they fork no
-    workers but torch's: fairseq_feedback/fairseq_fixes/runs.py.)"""
+    plugin hand SIGTERM to Python's own Ctrl-C handler in every process, as
+    they fork no workers but torch's, which end quietly on KeyboardInterrupt:
+    fairseq_feedback/fairseq_fixes/runs.py's sigterm_as_ctrl_c_in_every_process.)"""
     owner = os.getpid()
 
     def interrupt(signum, frame):

@@ -6,7 +6,10 @@ A value past it crashed rather than failed: `feedback-benchmark --threads
 than memory holds filled it before anything was written. Each is refused
 before the work, in the range vocabulary of the other options (`must be in
 [1, 2] (the CPU cores this process may use), got 100000`), with the limit
-read from the machine.
+read from the machine. Checked here, not by the plugin's option_ranges.py:
+the data scripts check theirs and must not load the plugin (fairseq's
+start-up, about 3 s, and the line fairseq logs as it loads, which would
+come before a one-line error).
 """
 
 import os
@@ -14,7 +17,8 @@ import os
 from .command_line import fail
 
 CORES = "the CPU cores this process may use"
-# numpy's seeds, and fairseq's range for --seed (fairseq_fixes/command_line.py: SEED)
+# numpy's seeds: fairseq hands --seed to np.random.seed, which refuses any other (in numpy's compiled
+# code, which fairseq_feedback/fairseq_fixes/origin.py counts as fairseq's, said in one line)
 SEEDS = (0, 2 ** 32 - 1, "the seeds numpy and fairseq take")
 
 

@@ -775,24 +775,55 @@ def test_on_a_gpu_a_captures_outputs_are_views_that_own_no_memory():
     assert storage.expired()  # freed, though the views live (never read again here: on the CPU the memory is gone)
 
 
-def test_the_byte_bound_counts_the_buffers_each_graph_holds_and_evicts_to_stay_under_it():
-    """A graph captured before a larger one keeps the smaller buffers it was
-    captured over until it goes: past the bound the least recently used
-    graphs go, and every result is still eager's."""
+def test_graphs_hold_one_set_of_buffers_the_largests_whatever_order_shapes_come_in():
+    """The largest shape captured last needs larger static buffers than the
+    graphs before it were captured over, whose addresses a replay cannot
+    move: those graphs go, and each is captured again over the larger
+    buffers at its next call (sighted already: no eager first run). The
+    buffers held are the largest's alone (249 kB, where the three graphs
+    kept 336 kB before), as with the largest first, and every result is
+    eager's."""
     model, d = tiny_translation_model("--memory-span", "4", "--dropout", "0", layers=3)
-    shapes = ((3, 5, 7), (5, 9, 3), (9, 17, 7), (3, 5, 20))  # each larger than the one before, in some input
-    batches = translation_batches(d, shapes)
-    model.decoder.use_cuda_graphs("off")
-    eager = training_results(model, batches)
+    largest, *others = translation_batches(d, ((9, 17, 9), (3, 5, 7), (5, 9, 3)))
     model.decoder.graphed = GraphedFeedbackLoop("emulate")
-    training_results(model, batches[2:3] * 2)
-    largest = model.graph_statistics().nbytes
-    model.decoder.graphed = GraphedFeedbackLoop("emulate", max_bytes=int(1.5 * largest))
-    twice = [b for b in batches for _ in range(2)]
-    for got, expected in zip(training_results(model, twice), [e for e in eager for _ in range(2)]):
-        assert_same_loss_and_gradients(got, expected)
+    training_results(model, [largest] * 2)
+    alone = model.graph_statistics()
+    smaller_first, largest_last, smaller_again = ([b for b in batches for _ in range(2)]
+                                                  for batches in (others, [largest], others))
+    model.decoder.use_cuda_graphs("off")
+    eager = training_results(model, [*smaller_first, *largest_last, *smaller_again])
+    model.decoder.graphed = GraphedFeedbackLoop("emulate")
+    got = training_results(model, [*smaller_first, *largest_last])
     statistics = model.graph_statistics()
-    assert statistics.captured == 4 and statistics.cached < 4 and statistics.nbytes <= statistics.max_bytes
+    assert (statistics.captured, statistics.cached) == (3, 1)
+    assert statistics.static_bytes == alone.static_bytes
+    got += training_results(model, smaller_again)
+    statistics = model.graph_statistics()
+    assert (statistics.captured, statistics.cached, statistics.hits) == (5, 3, 2)
+    assert statistics.static_bytes == statistics.nbytes == alone.static_bytes
+    for result, expected in zip(got, eager):
+        assert_same_loss_and_gradients(result, expected)
+
+
+def test_the_byte_bound_counts_the_buffers_and_what_each_graph_holds_and_evicts_to_stay_under_it():
+    """A graph holds, besides the static buffers every graph shares, what
+    its capture left alive in the pool (here a tensor its function keeps;
+    the loop's keep nothing): past the bound the least recently used go."""
+    kept = {}
+
+    def keeping(key):
+        def fn(x):
+            kept[key] = 2 * x  # 4 kB, alive after the capture
+            return (x + 1,)
+        return fn
+
+    x = torch.zeros(1024)
+    static = 2 * x.nbytes  # the input and the output's gradient
+    cache = stand_in_cache(max_bytes=static + 2 * x.nbytes + 1)
+    for key in "AABBCCB":
+        assert torch.equal(cache(key, keeping(key), [x])[0], x + 1)
+    assert cache.captured == 3 and cache.cached_keys() == ["C", "B"]
+    assert [g.nbytes for g in cache.graphs.values()] == [x.nbytes] * 2 and cache.nbytes() == cache.max_bytes - 1
 
 
 # --- decoding -------------------------------------------------------------------------------------------
@@ -852,19 +883,23 @@ def test_an_epoch_of_a_real_corpus_fits_the_cache_and_the_next_epoch_finds_its_g
     its validation need at most the cache's graphs; the second epoch finds
     at least 90% of its blocks' graphs cached (the shapes seen once in the
     first are captured at their second sighting, in the second), and the
-    third every one."""
+    third every one. Its inputs sized as the block's (rows x steps, rows,
+    rows x source positions), a shape larger than the static buffers drops the
+    graphs over the smaller ones: one capture more in the first epoch."""
     recorded = json.loads(BATCHES.read_text())
     cache = stand_in_cache()
 
     def epoch(train):
         for mode, batches in (("train", train), ("valid", recorded["valid"])):
             for rows, source, target in batches:
-                key = (GraphedFeedbackLoop.block_shape(rows, target, source), mode)
-                cache(key, lambda x: (x,), [torch.zeros(1)])
+                shape = GraphedFeedbackLoop.block_shape(rows, target, source)
+                rows, steps, positions = shape
+                inputs = [torch.zeros(rows * steps), torch.zeros(rows), torch.zeros(rows * positions)]
+                cache((shape, mode), lambda x, initial, encoder: (x,), inputs)
         return [int(n) for n in STATISTICS.fullmatch(cache.statistics.line()).groups()[:3]]
 
     keys, calls, _ = epoch(recorded["train"][0])
-    assert calls == 304 + 12 and keys <= cache.max_graphs
+    assert calls == 304 + 12 and keys <= cache.max_graphs and cache.captured == 33 + 1
     keys, calls, hits = epoch(recorded["train"][1])
     assert keys <= cache.max_graphs and hits >= 0.9 * calls and cache.failed is None
     keys, calls, hits = epoch(recorded["train"][0])

@@ -181,6 +181,36 @@ def test_with_dropout_the_fused_block_trains_as_the_loop_through_autograd_with_i
         assert abs(float((masks > 0).float().mean()) - (1 - p)) < 0.1
 
 
+def test_every_step_and_layer_of_a_block_draws_dropout_masks_of_its_own(monkeypatch):
+    """The loop through autograd draws a fresh mask at each step of each
+    layer. A block's one draw must hold as many: one mask repeated over the
+    steps or the layers would replay the same through autograd (the test
+    above) and drop at the same rate, yet drop the same units at every step
+    or layer. Each kind that is on: the masks the layers read at (t, i) are
+    the draw's [t, i], and no two steps of a layer, nor two layers at a
+    step, share one (a rate of 0.5 over at least 30 elements: a chance
+    repeat is below 1e-9)."""
+    model, d = tiny_translation_model("--memory-span", "16", "--dropout", "0.5", "--activation-dropout", "0.5",
+                                      "--attention-dropout", "0.5")
+    model.train()
+    src, src_lengths, prev = batch(d)
+    blocks = fused_blocks(monkeypatch)
+    model(src, src_lengths, prev)
+    (block,) = blocks
+    steps, layers = len(block.step_masks), len(block.layers)
+    assert (steps, layers) == (prev.size(1), 3)
+    for kind, drawn in block.records.dropout._asdict().items():
+        assert drawn is not None and drawn.shape[:2] == (steps, layers), kind
+        for t in range(steps):
+            for i in range(layers):
+                read = getattr(block.step_masks[t][i], kind)  # the memory attention's: the slots step t reads
+                assert torch.equal(read, drawn[t, i][..., drawn.size(-1) - read.size(-1):]), (kind, t, i)
+        for layer in range(layers):
+            assert len(drawn[:, layer].flatten(1).unique(dim=0)) == steps, f"{kind} repeats across steps"
+        for step in range(steps):
+            assert len(drawn[step].flatten(1).unique(dim=0)) == layers, f"{kind} repeats across layers"
+
+
 def test_under_layerdrop_the_fused_block_trains_the_layers_kept():
     model, d = tiny_translation_model("--decoder-layerdrop", "0.5", "--decoder-layers", "6", "--dropout", "0",
                                       "--decoder-normalize-before")

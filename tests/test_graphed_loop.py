@@ -184,12 +184,14 @@ def test_beam_search_over_the_static_memory_equals_the_eager_search(flags, span,
 def test_searches_of_many_shapes_keep_every_graph_still_cached_valid():
     """More search shapes than decoding buffers are kept: a buffer goes only
     once no cached graph was captured over it (a graph replays its buffers'
-    addresses), so the first shape's graph serves its next search as it is."""
+    addresses), so the first shape's graph serves its next search as it is.
+    The largest shape first: one larger than the graphs' static buffers
+    would drop the graphs before it (graph_cache.py)."""
     model, d = tiny_translation_model("--memory-span", "8", layers=1)
     model.eval()
     model.decoder.use_cuda_graphs("emulate")
     args = dict(beam_size=2, max_len_b=4)
-    shapes = [(sentences, src_len) for sentences in (1, 9, 17) for src_len in (5, 12, 20, 40)]
+    shapes = [(sentences, src_len) for sentences in (17, 9, 1) for src_len in (40, 20, 12, 5)]
     samples = {}
     for sentences, src_len in shapes:
         src, src_lengths, _ = batch(d, rows=sentences, src_len=src_len)

@@ -2,7 +2,9 @@
 
 A shape is captured at its second sighting: the first runs eagerly (a shape
 seen once would not repay its capture, and that first run is the warm-up
-capture needs). What the graphs hold is counted from their tensors (the
+capture needs). A capture that needs larger static buffers drops the
+graphs over the smaller ones, to be captured again at their next call
+(static_buffers.py). What the graphs hold is counted from their tensors (the
 static inputs and output gradients that they share, and what each capture
 leaves alive: static outputs, gradients, activations its autograd graph
 keeps), since the allocator's own figures say nothing while graphs are
@@ -122,11 +124,20 @@ class GraphCache:
             return None
         self.graphs[key] = graphed
         self.captured += 1
+        # graphs over storages that this capture replaced by larger ones: captured again at their next call
+        # (they were sighted), so that one set of static buffers is held (static_buffers.py)
+        static = self.ledger.static
+        outdated = [k for k, g in self.graphs.items() if not static.current((*g.inputs, *g.grad_outputs))]
+        for old in outdated:
+            self.graphs.pop(old).release()
+            self.sighted[old] = None
         while len(self.graphs) > 1 and (len(self.graphs) > self.max_graphs or self.nbytes() > self.max_bytes):
             _, evicted = self.graphs.popitem(last=False)
             evicted.release()
+        dropped = f", {len(outdated)} dropped for its larger buffers" if outdated else ""
         logger.info(f"{self.name}: captured graph {self.captured} for {graphed.shape} "
-                    f"({graphed.nbytes / 2**20:.1f} MB; {len(self.graphs)} cached, {self.nbytes() / 2**20:.1f} MB)")
+                    f"({graphed.nbytes / 2**20:.1f} MB; {len(self.graphs)} cached{dropped}, "
+                    f"{self.nbytes() / 2**20:.1f} MB)")
         return graphed
 
     def cached_keys(self) -> List[Hashable]:

@@ -9,17 +9,21 @@ So each input and output gradient of every graph lies at the start of one
 storage per position, the largest graph's size: a cache of many shapes holds
 one set, as its largest graph needs it, rather than one per graph (at IWSLT
 sizes the encoder's keys and values alone are 100 MB a graph in fp16). A
-graph larger than any before it gets storages of its own size, which later
-graphs share; an older one goes with the last graph that reads it. Outside
-the graphs' memory pool, as torch.cuda.make_graphed_callables keeps its
-static inputs: capture and replay never allocate them.
+graph that needs more than a storage holds gets a larger one, and the
+graphs captured over the smaller one read addresses of their own, which a
+replay cannot move: the cache drops them (graph_cache.py), and captures
+each again over the larger storages at its next call. So the set is the
+largest's whatever order shapes come in, for one more capture of a cached
+graph each time a storage grows (rarely: shapes come in buckets, buckets.py).
+Outside the graphs' memory pool, as torch.cuda.make_graphed_callables keeps
+its static inputs: capture and replay never allocate them.
 
 What this costs: a second backward over a call's outputs (retain_graph) is
 refused once another call has copied its inputs over the call's
 (graphed_function.py), where each graph kept its own before.
 """
 
-from typing import Dict, Hashable, List, Tuple
+from typing import Dict, Hashable, Iterable, List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -43,6 +47,12 @@ class StaticBuffers:
             self.made.append((StorageWeakRef(storage), nbytes))
         static = x.new_empty(0).set_(storage, 0, x.shape)
         return static.copy_(x)
+
+    def current(self, tensors: Iterable[Optional[Tensor]]) -> bool:
+        """Whether every one of `tensors` (a graph's static inputs and output
+        gradients) lies on a storage still in use, none replaced by a larger."""
+        in_use = {storage.data_ptr() for storage in self.storages.values()}
+        return all(t is None or t.untyped_storage().data_ptr() in in_use for t in tensors)
 
     def written(self) -> int:
         """Inputs were copied in (by a call or a capture): the count so far."""

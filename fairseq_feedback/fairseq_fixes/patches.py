@@ -87,7 +87,7 @@ from .binarized_files import check_binarized
 from .checkpoints import AtomicCopyPathManager, loaded_in_one_line, resume_from_a_complete_checkpoint, saved_whole
 from .command_line import check_generate, check_tool
 from .one_line import one_line
-from .runs import held, is_rank_zero, results_moved_into_place, sigterm_as_ctrl_c
+from .runs import held, is_rank_zero, results_moved_into_place, sigterm_as_ctrl_c_in_every_process
 
 
 def in_a_fairseq_tool() -> bool:
@@ -259,7 +259,8 @@ def _tool_checked_first(call_main):
         check_tool(cfg, tool)
         save_dir = cfg.checkpoint.save_dir
         holds = tool in ("train", "hydra_train") and not cfg.checkpoint.no_save and is_rank_zero(cfg)
-        with sigterm_as_ctrl_c(), _nothing_half_written(save_dir, leftovers=[os.path.join(save_dir, "crash.pt")]), \
+        with sigterm_as_ctrl_c_in_every_process(), \
+                _nothing_half_written(save_dir, leftovers=[os.path.join(save_dir, "crash.pt")]), \
                 held(save_dir, "--save-dir") if holds else contextlib.nullcontext():
             return call_main(cfg, main, **kwargs)
 
@@ -280,9 +281,9 @@ def _generate_checked_first(main):
         cfg = sharded_as_asked(cfg)
         folder = cfg.common_eval.results_path
         if folder is None:
-            with sigterm_as_ctrl_c():
+            with sigterm_as_ctrl_c_in_every_process():
                 return main(cfg)
-        with sigterm_as_ctrl_c(), _nothing_half_written(folder), held(folder, "--results-path"), \
+        with sigterm_as_ctrl_c_in_every_process(), _nothing_half_written(folder), held(folder, "--results-path"), \
                 results_moved_into_place(cfg) as staged:
             return main(staged)
 

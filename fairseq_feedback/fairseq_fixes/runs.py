@@ -16,8 +16,8 @@ failed, after the work (a link to nothing, a read-only disk); and a kill
   hidden name in --results-path, renamed into place when the run
   completes; an interrupted or failed run leaves the previous results as
   they were.
-- `sigterm_as_ctrl_c`: a kill ends a run as Ctrl-C does, and one_line.py
-  names an interruption in one line.
+- `sigterm_as_ctrl_c_in_every_process`: a kill ends a run as Ctrl-C does,
+  and one_line.py names an interruption in one line.
 """
 
 import contextlib
@@ -90,15 +90,15 @@ def results_moved_into_place(cfg) -> Iterator[object]:
 
 
 @contextlib.contextmanager
-def sigterm_as_ctrl_c() -> Iterator[None]:
+def sigterm_as_ctrl_c_in_every_process() -> Iterator[None]:
     """Within the block, SIGTERM raises KeyboardInterrupt, through Python's own
-    handler of Ctrl-C: the run's partial outputs are removed, the processes it
-    started are stopped, and it ends with its one line. fairseq's ranks are
-    spawned, not forked, and torch's DataLoader workers, which are forked,
-    end quietly on KeyboardInterrupt. (This project's commands, which fork
-    workers of their own that must die as killed, have theirs:
-    fairseq_feedback_cli/command_line.py; importing it here would make the
-    plugin depend on its tools.)"""
+    handler of Ctrl-C, in the run and in any process forked from it: the run's
+    partial outputs are removed, the processes it started are stopped, and it
+    ends with its one line. fairseq's ranks are spawned, not forked, and
+    torch's DataLoader workers, which are forked, end quietly on
+    KeyboardInterrupt. (A Pool's workers, which this project's commands fork,
+    must die as killed, not print a traceback each: fairseq_feedback_cli's
+    command_line.sigterm_as_ctrl_c_in_this_process, not imported here.)"""
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         yield
