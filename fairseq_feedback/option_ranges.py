@@ -1,7 +1,8 @@
 """The values an option can take, said where the option is declared, in one way: in its field's
 metadata for this plugin's options (models/feedback_config.py, tasks/feedback_language_modeling.py),
 in dictionaries of the same keys for fairseq's options (fairseq_fixes/option_values.py); and the one
-check that reads them.
+check that reads them. (What a machine takes of the tools' options, fairseq_feedback_cli/machine.py
+checks in the same words: the data scripts that check it do not load this plugin.)
 
     "at_least", "above"   the lowest value, or the value every value is above
     "at_most", "below"    the highest value, or the value every value is below

@@ -4,6 +4,8 @@
     python -m fairseq_feedback_cli.curves log --out de_en.png [--metric valid_ppl] checkpoints/debian_de_en/*/train.log
     python -m fairseq_feedback_cli.curves log --out depth.png --metric valid_loss --label "valid bits per byte" \
         --clock cpu runs/cpu_tier/depth/*/train.log
+    python -m fairseq_feedback_cli.curves price --out price.png --metric valid_loss --benchmark lm.json \
+        runs/cpu_tier/passes/*/train.log
 
 toy: each folder is one model (its name) of one task (its parent folder's
 name), holding the test.UPDATES.json files of examples/toy/README.md
@@ -21,12 +23,21 @@ TIMEFORMAT="%U %S" writes them; examples/results/cpu_tier.sh does), spread
 evenly over the updates: a clock that other work on the machine does not
 stop.
 
-Both print one markdown row per model: its last point.
+price: each file is such a log of a feedback_lm run, exact, in passes or
+--no-feedback: the metric at its last validation against what a training
+step cost, the CPU seconds per update (from cpu_seconds) and the operators
+per position that feedback-benchmark --json counted for a model of that kind
+(--benchmark, its files: exact feedback's "feedback_lm", a run in passes GxK
+"feedback_lm (passes GxK)", --no-feedback fairseq's "transformer_lm"), in
+--out (docs/passes.md).
+
+Each prints one markdown row per model: its last point.
 """
 
 import glob
 import json
 import os
+import re
 
 from . import plots
 from .command_line import ArgumentParser, command, fail
@@ -84,14 +95,45 @@ def log_points(path, metric):
 
 def cpu_hours(log, points):
     """The points of `log` with their hours on the clock of its cpu_seconds, spread evenly over the updates."""
+    seconds = cpu_seconds(log)
+    last = points[-1][0]
+    return [(updates, seconds * updates / last / 3600, value) for updates, _, value in points]
+
+
+def cpu_seconds(log, reader="--clock cpu"):
+    """The CPU seconds in the cpu_seconds file beside `log` (lines of 'user system' seconds), which `reader` reads."""
     path = os.path.join(os.path.dirname(os.path.abspath(log)), "cpu_seconds")
     try:
         with open(path) as f:
-            seconds = sum(float(x) for line in f for x in line.split())
+            return sum(float(x) for line in f for x in line.split())
     except (OSError, ValueError) as e:
-        fail(f"--clock cpu reads {path}, which lines of 'user system' seconds make ({e})")
-    last = points[-1][0]
-    return [(updates, seconds * updates / last / 3600, value) for updates, _, value in points]
+        fail(f"{reader} reads {path}, which lines of 'user system' seconds make ({e})")
+
+
+def benchmark_model(log):
+    """The name feedback-benchmark gives a model of the kind that `log`'s run trained: read from the
+    configuration fairseq-train logs first."""
+    with open(log, errors="replace") as f:
+        config = f.readline()
+    if "'no_feedback': True" in config:
+        return "transformer_lm"
+    passes, group = (re.search(rf"'{name}': (\d+)", config) for name in ("train_passes", "pass_group"))
+    if passes is None or group is None:
+        fail(f"{log} does not begin with a feedback_lm run's configuration (fairseq-train --log-file, this plugin)")
+    return "feedback_lm" if passes[1] == "0" else f"feedback_lm (passes {group[1]}x{passes[1]})"
+
+
+def operators_per_position(paths):
+    """{model: ops/step} of the language-model tables in feedback-benchmark --json files."""
+    operators = {}
+    for path in paths:
+        try:
+            with open(path) as f:
+                table = json.load(f)["tables"]["lm"]
+        except (OSError, ValueError, KeyError) as e:
+            fail(f"--benchmark {path}: not a feedback-benchmark --json file with the language model's table ({e})")
+        operators.update(table["figures"].get("ops/step") or table["figures"].get("kernels/step") or {})
+    return operators
 
 
 def as_hours(seconds):
@@ -101,9 +143,12 @@ def as_hours(seconds):
 @command
 def main(argv=None):
     parser = ArgumentParser(prog="python -m fairseq_feedback_cli.curves", description=__doc__.split("\n\n")[0])
-    parser.add_argument("kind", choices=("toy", "log"), help="toy-task evaluations, or fairseq-train json logs")
-    parser.add_argument("inputs", nargs="+", help="model folders (toy) or log files (log)")
-    parser.add_argument("--out", required=True, help="toy: the folder for the PNGs; log: the PNG")
+    parser.add_argument("kind", choices=("toy", "log", "price"),
+                        help="toy-task evaluations, fairseq-train json logs, or those logs against their cost")
+    parser.add_argument("inputs", nargs="+", help="model folders (toy) or log files (log, price)")
+    parser.add_argument("--out", required=True, help="toy: the folder for the PNGs; log, price: the PNG")
+    parser.add_argument("--benchmark", nargs="+", default=[],
+                        help="price: feedback-benchmark --json files, which count each kind of model's operators")
     parser.add_argument("--metric", default="valid_ppl", help="log: the validation metric (default: %(default)s)")
     parser.add_argument("--title", default="", help="log: the figure's title")
     parser.add_argument("--label", help="log: the metric's name in the figure and the rows (default: --metric)")
@@ -113,7 +158,7 @@ def main(argv=None):
     if not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
         fail(f"the folder of --out {args.out} does not exist")
     # a log's plot is one file, which must not be a log; toy plots are added to a folder, never replace it
-    check_destination(args.out, "--out", reads={"inputs": args.inputs} if args.kind == "log" else {},
+    check_destination(args.out, "--out", reads={"inputs": args.inputs} if args.kind != "toy" else {},
                       folder=args.kind == "toy")
     if args.kind == "toy":
         os.makedirs(args.out, exist_ok=True)
@@ -127,6 +172,18 @@ def main(argv=None):
                 last = results[-1]
                 print(f"| {name} | {model} | {last['updates']} | {100 * last[token]:.1f} | {100 * last[episode]:.1f} | "
                       f"{as_hours(last.get('train_seconds'))} |")
+    elif args.kind == "price":
+        operators, points = operators_per_position(args.benchmark), {}
+        label = args.label or args.metric
+        print(f"| model | updates | {label} | CPU seconds per update | operators per position |")
+        print("| --- | ---: | ---: | ---: | ---: |")
+        for path in args.inputs:
+            updates, _, value = log_points(path, args.metric)[-1]
+            name = os.path.basename(os.path.dirname(os.path.abspath(path)))
+            points[name] = (cpu_seconds(path, "price") / updates, operators.get(benchmark_model(path)), value)
+            ops = "" if points[name][1] is None else f"{points[name][1]:.0f}"
+            print(f"| {name} | {updates} | {value:.4f} | {points[name][0]:.2f} | {ops} |")
+        plots.save(plots.price(points, label, args.title), args.out, dpi=90)
     else:
         runs = {}
         for path in args.inputs:

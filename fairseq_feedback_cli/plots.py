@@ -1,5 +1,6 @@
 """The figures of the demo and of the results page (fairseq_feedback_cli/curves.py): toy-task
-accuracy against updates, and a validation metric against updates and training hours."""
+accuracy against updates, a validation metric against updates and training hours, and a metric
+against what a training step cost."""
 
 import textwrap
 
@@ -25,7 +26,7 @@ def toy_accuracy(results, task, title=""):
     plt = _pyplot()
     token_metric, line_metric = METRICS[task]
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for (name, rs), color in zip(results.items(), ("tab:red", "tab:blue", "tab:green", "tab:gray")):
+    for (name, rs), color in zip(results.items(), colors(len(results))):
         updates = [r["updates"] for r in rs]
         ax.plot(updates, [100 * r[token_metric] for r in rs], "o-", color=color, label=f"{name} ({token_metric})")
         ax.plot(updates, [100 * r[line_metric] for r in rs], "s--", color=color, alpha=0.6,
@@ -38,6 +39,13 @@ def toy_accuracy(results, task, title=""):
     ax.set_title("\n".join(textwrap.fill(line, 95) for line in title.splitlines()), fontsize=9)
     fig.tight_layout()
     return fig
+
+
+def colors(n):
+    """n colours, the first four as the demo's figure has them, then tab10's others (cycled)."""
+    first = ["tab:red", "tab:blue", "tab:green", "tab:gray"]
+    others = ["tab:orange", "tab:purple", "tab:brown", "tab:pink", "tab:olive", "tab:cyan"]
+    return [(first + others)[i % 10] for i in range(n)]
 
 
 def validation_curves(runs, metric, title="", label=None, clock="wall"):
@@ -58,6 +66,27 @@ def validation_curves(runs, metric, title="", label=None, clock="wall"):
     for ax in axes:
         ax.grid(alpha=0.3, which="both")
     axes[0].legend(fontsize=8)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def price(points, label, title=""):
+    """The figure of a metric (named `label`) at the end of each run against
+    what a training step cost: CPU seconds per update, and operators per
+    position (feedback-benchmark's ops/step); points: {name: (seconds, operators, value)}."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.8), sharey=True)
+    for (name, (seconds, operators, value)), color in zip(points.items(), colors(len(points))):
+        for ax, x in zip(axes, (seconds, operators)):
+            if x is not None:
+                ax.plot([x], [value], "o", color=color, label=name)
+                ax.annotate(name, (x, value), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    axes[0].set_xlabel("CPU seconds per update")
+    axes[1].set_xlabel("operators per position of a training step")
+    axes[0].set_ylabel(label)
+    for ax in axes:
+        ax.grid(alpha=0.3)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     return fig

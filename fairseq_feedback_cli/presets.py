@@ -18,6 +18,12 @@ PRESETS = {
         lm=dict(embed_dim=512, ffn_dim=4096, heads=8, layers=4, streams=32, block=256, span=512, vocab=10000,
                 sample_batch=32, repeats=5, head_dim=128),
     ),
+    # the language model alone: Figure 9's 2-layer feedback model at CPU scale on bytes (the results page),
+    # which trains in passes on docs/passes.md, keys and values projected per layer
+    "bytes": dict(
+        lm=dict(embed_dim=128, ffn_dim=1536, heads=4, head_dim=96, layers=2, streams=16, block=128, span=256,
+                vocab=256, sample_batch=2, repeats=3, feedback_options=["--per-layer-kv"]),
+    ),
     "tiny": dict(
         translation=dict(embed_dim=32, ffn_dim=64, heads=2, layers=2, batch=8, length=8, vocab=100,
                          beam_batch=2, repeats=2),

@@ -72,17 +72,17 @@ def pytest_report_header():
 # the modules that take longest, started first in either tier (a module runs on one worker): the
 # recipes run in the background, their longest one a chain of 80 commands, while the other worker goes on
 FIRST = ("test_recipes.py", "test_bad_values.py", "test_translation_cli.py", "test_cpu_tier.py",
-         "test_reliability.py", "test_data_prep.py")
+         "test_reliability.py", "test_data_prep.py", "test_passes.py")
 
 
 # the core tests, run under each torch of the supported range (`make test-torch`, docs/install.md): the
-# models and their streaming task, the loop (fused against the reference), the graphs through the stand-in
-# and their cache, and fairseq's tools on them (checkpoints go through torch.load); not the recipes, the
-# data preparation or the other tools
+# models and their streaming task, the loop (fused against the reference, and in passes), the graphs
+# through the stand-in and their cache, and fairseq's tools on them (checkpoints go through torch.load);
+# not the recipes, the data preparation or the other tools
 CORE = ("test_feedback_decoder.py", "test_feedback_lm.py", "test_memory_options.py", "test_builders.py",
         "test_fused_loop.py", "test_loop_pieces.py", "test_block_weight_gradients.py",
         "test_graphed_loop.py", "test_graphs_on_each_device.py", "test_cuda_graph_safety.py",
-        "test_translation_cli.py", "test_lm_cli.py")
+        "test_translation_cli.py", "test_lm_cli.py", "test_passes.py")
 
 
 def pytest_collection_modifyitems(items):

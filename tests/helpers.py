@@ -63,6 +63,39 @@ def tiny_lm(*flags, dictionary=None, labels=None, seed=0, layers=3):
                                    dictionary or make_dictionary(), output_dictionary=labels, seed=seed)
 
 
+def with_trained_spans(model):
+    """Spans that differ per head and reach less than --memory-span."""
+    for layer in model.decoder.layers:
+        if layer.self_attn.span_mask is not None:
+            heads = layer.self_attn.span_mask.span_fraction
+            heads.data = torch.linspace(0.1, 0.4, len(heads))
+    return model
+
+
+class Split:
+    """An in-memory split: a list of lines, as fairseq's indexed datasets give them."""
+
+    def __init__(self, lines):
+        self.lines = lines
+        self.sizes = torch.tensor([len(line) for line in lines]).numpy()
+
+    def __len__(self):
+        return len(self.lines)
+
+    def __getitem__(self, i):
+        return self.lines[i]
+
+
+def random_split(dictionary, lines=20, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(lines):
+        n = int(torch.randint(1, 12, (1,), generator=g))
+        tokens = torch.randint(dictionary.nspecial, len(dictionary), (n,), generator=g)
+        out.append(torch.cat([tokens, torch.tensor([dictionary.eos()])]))
+    return Split(out)
+
+
 def batch(dictionary, rows=3, src_len=5, tgt_len=TARGET_LENGTH):
     src = torch.randint(dictionary.nspecial, len(dictionary), (rows, src_len))
     src[0, :2] = dictionary.pad()  # left padding, as fairseq batches sources

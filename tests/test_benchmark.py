@@ -20,6 +20,8 @@ from helpers import make_dictionary, tiny_translation_model
 from torch.overrides import TorchFunctionMode
 from torch.utils._device import _device_constructors
 
+from fairseq_feedback.cuda_graphs import GraphFailure
+from fairseq_feedback.loop.passes import Passes
 from fairseq_feedback_cli import benchmark
 from fairseq_feedback_cli.benchmark import breakdown, graphs, measure, operators, rows, tables, workloads
 from fairseq_feedback_cli.presets import PRESETS
@@ -47,8 +49,13 @@ class FactoriesNameTheirDevice(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+# the tiny preset's blocks of 8 in one group, in 2 passes rather than 8 steps (in groups of 4, its 4
+# passes dispatch as many operators as the 8 replayed steps: a pass runs the layers unfused)
+PASSES = ["--train-passes", "2", "--pass-group", "8"]
+IN_PASSES = "feedback_lm (passes 8x2)"
 RUNS = {"fp32": ["--reference-loop"], "fp32, graphs through the stand-in": ["--cuda-graphs", "emulate"],
-        "fp16": ["--dtype", "fp16"], "bf16": ["--dtype", "bf16"]}
+        "fp16": ["--dtype", "fp16"], "bf16": ["--dtype", "bf16"],
+        "fp32, the LM also in passes": ["--only", "lm", *PASSES]}
 
 
 class Runs(dict):
@@ -366,9 +373,12 @@ def test_a_feedback_step_reads_the_loops_weights_at_every_step_and_the_memory_ov
     (forward and backward), whatever the rows; the feedback model the loop's
     weights at every step, and in each layer the keys and values of its
     memory (from m_{-1} at the start of a block, or over the whole span when
-    carried) and of the source, more with every row."""
+    carried) and of the source, more with every row. Where its blocks run
+    from graphs (on a GPU, or through the stand-in), at their bucket's
+    shape: padded rows, steps and source positions are read as real ones;
+    graphs that gave up leave the real shape."""
     transformer, _ = tiny_translation_model(arch="transformer")
-    feedback, _ = tiny_translation_model("--memory-span", "4")
+    feedback, d = tiny_translation_model("--memory-span", "4")
     weights = sum(t.numel() * t.element_size() for t in transformer.parameters())
     assert rows.bytes_read(transformer, 8, 2, False, 5) == rows.bytes_read(transformer, 8, 64, False, 5) == 2 * weights
     decoder = feedback.decoder
@@ -379,6 +389,15 @@ def test_a_feedback_step_reads_the_loops_weights_at_every_step_and_the_memory_ov
     assert read(8, 3) - read(8, 2) == 2 * layers * slot * (from_m_minus_1 + 8 * 5)
     assert read(8, 2, carried=True) - read(8, 2) == 2 * 2 * layers * slot * (8 * 4 - from_m_minus_1)
     assert read(16, 2, True) - read(8, 2, True) == 2 * 8 * (loop + 2 * layers * slot * (4 + 5))
+    eager = read(7, 2)
+    decoder.use_cuda_graphs("emulate")
+    src, prev = torch.randint(d.nspecial, len(d), (2, 5)), torch.randint(d.nspecial, len(d), (2, 7))
+    feedback(src, torch.full((2,), 5), prev)  # the graphs start
+    weights = sum(t.numel() * t.element_size() for t in feedback.parameters())
+    # 7 steps padded to 8, 2 rows to 8 and 5 source positions to 8; the span of 4 (its window) as it is
+    assert read(7, 2) == 2 * (weights - loop + 8 * loop + layers * 8 * slot * (from_m_minus_1 + 8 * 8))
+    decoder.graphed.cache.fail("", GraphFailure("gave up"))
+    assert read(7, 2) == eager
 
 
 @pytest.mark.parametrize("args, error", [
@@ -391,3 +410,94 @@ def test_bad_rows_budgets_and_bandwidths_are_one_line(args, error):
         benchmark.main(["--preset", "tiny", *args])
     assert str(stopped.value) in (f"error: {error}", f"error: {error} (see --help)")
 
+
+
+# --- training in passes ---------------------------------------------------------------------------------
+
+def test_train_passes_adds_each_feedback_model_trained_in_passes_with_its_ratio_to_fairseqs(runs):
+    """--train-passes 2 --pass-group 8: feedback_lm also trains in 2 passes
+    over each block, in a row of its own (fewer operators per target step
+    than exact feedback's 8 steps) and a line of its ratio to fairseq's
+    under exact feedback's; --json holds both ratios."""
+    out, _, written = runs["fp32, the LM also in passes"]
+    rows = table_rows(out)
+    assert float(rows[IN_PASSES]["ops/step"]) < float(rows["feedback_lm"]["ops/step"])
+    table = written["tables"]["lm"]
+    assert table["models"] == ["transformer_lm", "feedback_lm", IN_PASSES]
+    for name, ratio in (("feedback_lm", "feedback / fairseq"), (IN_PASSES, f"{IN_PASSES} / fairseq")):
+        for column, value in table[ratio].items():
+            rates = table["figures"][column]
+            assert value == pytest.approx(rates[name] / rates["transformer_lm"])
+            assert rows[ratio][column] == f"{value:.2f}", (ratio, column)
+
+
+def test_with_rows_the_model_in_passes_trains_at_each_batch_and_at_its_fastest(capsys, tmp_path):
+    """--rows with --train-passes: the model in passes has a row at each
+    batch, with its own ratio to fairseq's in the "feedback / fairseq"
+    column (whose key in the batch stays exact feedback's), fewer
+    operators and bytes per step than exact feedback, its fastest batch
+    and ratio there; --json holds them."""
+    benchmark.main(["--preset", "tiny", "--threads", "1", "--only", "lm", "--rows", "2,4", *PASSES,
+                    "--json", str(tmp_path / "rows.json")])
+    out = capsys.readouterr().out
+    with open(tmp_path / "rows.json") as f:
+        sweep = json.load(f)["rows"]["lm"]
+    assert sweep["models"] == ["transformer_lm", "feedback_lm", IN_PASSES]
+    for batch in sweep["batches"]:
+        figures = batch["figures"]
+        rate = {name: figures[name]["train tok/s"] for name in sweep["models"]}
+        assert batch["feedback / fairseq"] == pytest.approx(rate["feedback_lm"] / rate["transformer_lm"])
+        for name in ("feedback_lm", IN_PASSES):
+            assert figures[name]["feedback / fairseq"] == pytest.approx(rate[name] / rate["transformer_lm"])
+        for column in ("ops/step", "MB read/step"):
+            assert figures[IN_PASSES][column] < figures["feedback_lm"][column], column
+        printed = re.search(rf"^\s+{batch['rows']}\s+{re.escape(IN_PASSES)}\s+[\d,.]+\s+(\d+\.\d\d)\s", out, re.M)
+        assert printed.group(1) == f"{figures[IN_PASSES]['feedback / fairseq']:.2f}"
+    best = sweep["best"]
+    assert best[IN_PASSES]["feedback / fairseq"] == pytest.approx(
+        best[IN_PASSES]["train tok/s"] / best["transformer_lm"]["train tok/s"])
+    assert best["feedback / fairseq"] == best["feedback_lm"]["feedback / fairseq"]
+    (line,) = [line for line in out.splitlines() if line.startswith("each at its fastest batch")]
+    assert f", {IN_PASSES} {best[IN_PASSES]['rows']} rows (" in line
+    assert line.endswith(f"; feedback / fairseq {best['feedback / fairseq']:.2f}, "
+                         f"{IN_PASSES} / fairseq {best[IN_PASSES]['feedback / fairseq']:.2f}")
+
+
+def test_a_step_in_passes_reads_the_loops_weights_and_the_memory_once_a_pass():
+    """Passes K = 2 over groups of G = 3 of 8 steps (groups from 0, 3 and 6,
+    of 3, 3 and 2 positions): the loop's weights 3 x 2 times, and in each
+    layer, row and pass the slots before the group (from m_{-1}, at most
+    the span of 4; carried: the span) and the group's own but its last, and
+    the source's 5 positions."""
+    feedback, _ = tiny_translation_model("--memory-span", "4")
+    decoder = feedback.decoder
+    weights = sum(t.numel() * t.element_size() for t in feedback.parameters())
+    loop = sum(t.numel() * t.element_size() for t in [*decoder.memory.parameters(), *decoder.layers.parameters()])
+    slot, layers = 2 * decoder.memory.num_heads * decoder.memory.head_dim * 4, len(decoder.layers)  # k and v, fp32
+    decoder.train_in_passes(Passes(2, 3))
+    decoder.use_cuda_graphs("emulate")  # passes run eagerly, at the real rows, graphs or not
+    from_m_minus_1 = 2 * ((1 + 2) + (4 + 2) + (4 + 1))
+    carried = 2 * ((4 + 2) + (4 + 2) + (4 + 1))
+    for memory, slots in ((False, from_m_minus_1), (True, carried)):
+        assert rows.bytes_read(feedback, 8, 2, memory, 5) == 2 * (
+            weights - loop + 6 * loop + layers * 2 * slot * (slots + 6 * 5)), memory
+
+
+@pytest.mark.parametrize("args, error", [
+    (["--train-passes", "0"], "--train-passes must be at least 1, got 0"),
+    (["--train-passes", "2", "--pass-group", "0"], "--pass-group must be at least 1, got 0"),
+    (["--train-passes", "5", "--pass-group", "4"], "--train-passes 5 is more than --pass-group 4: 4 passes already "
+                                                   "compute a group exactly; use at most 4"),
+    (["--train-passes", "17"], "--train-passes 17 is more than --pass-group 16: 16 passes already compute a group "
+                               "exactly; use at most 16"),
+    (["--pass-group", "4"], "--pass-group 4 is the group of --train-passes: add --train-passes, or drop --pass-group"),
+    (["--train-passes", "2", "--breakdown"], "--breakdown counts exact feedback's operators, not those of training in "
+                                             "passes: drop --train-passes or --breakdown"),
+    # the language model alone: Figure 9's at CPU scale (docs/passes.md)
+    (["--preset", "bytes"], "--preset bytes has no translation sizes: add --only lm"),
+    (["--preset", "bytes", "--only", "translation"], "--preset bytes has no translation sizes: add --only lm")])
+def test_bad_passes_are_one_line_before_any_model_is_built(args, error, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        benchmark.main(["--preset", "tiny", *args] if "--preset" not in args else args)
+    assert str(stopped.value) == f"error: {error}"
+    assert capsys.readouterr().out == ""  # not the models' own refusal, once a model is built

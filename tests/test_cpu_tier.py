@@ -43,6 +43,10 @@ TINY.update(DEPTH_UPDATES="4", DEPTH_VALID_EVERY="2", DEPTH_SIZES="--decoder-emb
             DEPTH_HEAD_DIM="6", DEPTH_FFN="8", DEPTH_VALID="--batch-size-valid 4 --max-valid-steps 1",
             DEPTH_TRAIN="--memory-span 16 --tokens-per-sample 16 --batch-size 2 --optimizer adam --lr 0.001",
             DEPTH_EVAL_STREAMS="4")
+# training in passes: one setting, with seed 2 too on the bytes, and the benchmark at the tiny preset
+TINY.update(PASSES="4x2", PASSES_SEED2="4x2", PASSES_BYTES_MORE="", PASSES_WALK_MORE="",
+            PASSES_BENCHMARK="--preset tiny", PASSES_GAP="4x2,4x4",
+            PASSES_GAP_READ="--batch-size 2 --tokens-per-sample 16 --max-blocks 2")
 RUNS = ["feedback_dec1", "transformer_dec1", "feedback_dec2", "transformer_dec2", "feedback_dec1_seed2",
         "transformer_dec1_seed2"]
 
@@ -127,12 +131,33 @@ def test_the_cpu_tier_runs_end_to_end_and_a_second_run_trains_nothing(tmp_path):
         row = re.search(rf"^\| {model} \| 2 \| ([\d.]+) \(([\d.]+)-([\d.]+)\) \| ([\d.]+) \(([\d.]+)-([\d.]+)\) \|$",
                         depth, flags=re.M)
         assert row and [float(x) for x in row.groups()] == pytest.approx(expected, abs=1e-4)
-    for plot in ("debian_de_en.png", "debian_docs.png", "algorithmic3.png", "random_walk.png", "depth.png"):
+    # training in passes: each run beside exact feedback and the Transformer of Figure 9's depth runs, at its last
+    # update, with the operators per position the benchmark counted; the random walk's runs
+    passes = summary.split("## Training in passes: Figure 9")[1].split("## ")[0]
+    for name in ("feedback_2", "transformer_2", "feedback_2_4x2", "feedback_2_4x2_seed2"):
+        assert re.search(rf"^\| {name} \| [1-9][\d,]* \| 4 \| [\d.]+ \| [\d.]+ \| [\d.]+ \|$", passes, flags=re.M)
+    assert re.search(r"^\| feedback_2_4x2 \| 4 \| [\d.]+ \| [\d.]+ \| [1-9][\d]* \|$", passes, flags=re.M)
+    for run in ("feedback_2", "feedback_2_4x2"):  # each in passes beside exactly, four passes of four exact
+        gap = re.search(rf"{run}/checkpoint_last.pt, valid: .*\n.*\n.*\n\| exact \| ([\d.]+) \| \|\n"
+                        rf"\| 4x2 \| [\d.]+ \| [-+][\d.]+ \|\n\| 4x4 \| ([\d.]+) \| [-+][\d.]+ \|", passes)
+        assert gap and float(gap[1]) == pytest.approx(float(gap[2]), abs=2e-4), run
+    walk = summary.split("## Training in passes: the random walk")[1]
+    for name in ("feedback", "transformer", "feedback_4x2"):
+        assert f"| random_walk | {name} | 2 |" in walk
+    for plot in ("debian_de_en.png", "debian_docs.png", "algorithmic3.png", "random_walk.png", "depth.png",
+                 "passes.png", "passes_price.png", "passes/random_walk.png"):
         assert (out / "plots" / plot).stat().st_size > 1000
     logs = {log: log.stat().st_mtime_ns for log in out.rglob("train.log")}
-    assert len(logs) == len(RUNS) + 3 + 4 + 3 * 2
+    assert len(logs) == len(RUNS) + 3 + 4 + 3 * 2 + 2 + 1  # passes: 4x2 on the bytes with two seeds, the walk
 
+    # a result computed from a checkpoint_last.pt that has changed since (a run evaluated before it finished, by
+    # another run of the script) is computed again, the others not
+    checkpoint = out / "depth" / "feedback_2" / "checkpoint_last.pt"
+    os.utime(checkpoint, ns=(checkpoint.stat().st_atime_ns, checkpoint.stat().st_mtime_ns + 10**9))
+    results = {path: path.stat().st_mtime_ns for path in out.rglob("checkpoint_last.*.bpb")}
     again = tier()
+    recomputed = {path for path, mtime in results.items() if path.stat().st_mtime_ns != mtime}
+    assert recomputed == {checkpoint.with_name(f"checkpoint_last.{split}.bpb") for split in ("valid", "test")}
     assert "training" not in again and "translating" not in again
     assert {log: log.stat().st_mtime_ns for log in out.rglob("train.log")} == logs
     assert (out / "summary.md").read_text() == summary

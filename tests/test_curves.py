@@ -103,3 +103,38 @@ def test_the_cpu_clock_spreads_each_runs_cpu_seconds_over_its_updates(tmp_path, 
     (tmp_path / "feedback_2" / "cpu_seconds").unlink()
     assert "--clock cpu reads" in curves_error("log", "--out", tmp_path / "c.png", "--metric", "valid_loss",
                                                "--clock", "cpu", log)
+
+
+def test_toy_curves_draw_every_model_however_many(tmp_path):
+    """The figure once had four colours, and a fifth model was left out of it without a word."""
+    results = {f"model{i}": [evaluation("random_walk", 100, 0.1 * i, 0.05 * i, None)] for i in range(7)}
+    fig = plots.toy_accuracy(results, "random_walk")
+    assert len({line.get_label().split(" (")[0] for line in fig.axes[0].get_lines()}) == 7
+    plt.close(fig)
+
+
+def test_the_price_of_each_run_its_cpu_seconds_and_the_operators_of_its_kind(tmp_path, capsys):
+    """price: a run's last validation against its CPU seconds per update and the operators per position
+    that feedback-benchmark counted for its kind, read from the configuration fairseq-train logged."""
+    runs = {"exact": "'train_passes': 0, 'pass_group': 16, 'no_feedback': False",
+            "passes_16x4": "'train_passes': 4, 'pass_group': 16, 'no_feedback': False",
+            "transformer": "'train_passes': 0, 'pass_group': 16, 'no_feedback': True"}
+    logs = []
+    for (name, config), value in zip(runs.items(), ("2.4", "2.5", "2.6")):
+        log = tmp_path / name / "train.log"
+        log.parent.mkdir()
+        log.write_text("{'model': {" + config + "}}\n" + json.dumps({"valid_loss": value, "valid_num_updates": "100"})
+                       + "\n")
+        (tmp_path / name / "cpu_seconds").write_text("150 50\n")
+        logs.append(str(log))
+    benchmark = tmp_path / "lm.json"
+    benchmark.write_text(json.dumps({"tables": {"lm": {"figures": {"ops/step": {
+        "transformer_lm": 60.0, "feedback_lm": 135.6, "feedback_lm (passes 16x4)": 70.4}}}}}))
+    curves.main(["price", "--out", str(tmp_path / "price.png"), "--metric", "valid_loss", "--benchmark",
+                 str(benchmark), "--", *logs])
+    out = capsys.readouterr().out.splitlines()
+    assert out[2:] == ["| exact | 100 | 2.4000 | 2.00 | 136 |", "| passes_16x4 | 100 | 2.5000 | 2.00 | 70 |",
+                       "| transformer | 100 | 2.6000 | 2.00 | 60 |"]
+    assert (tmp_path / "price.png").read_bytes()[:4] == b"\x89PNG"
+    assert "not a feedback-benchmark --json file" in curves_error("price", "--out", tmp_path / "p.png",
+                                                                  "--benchmark", logs[0], "--", *logs)

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import make_dictionary, tiny_lm
+from helpers import Split, make_dictionary, random_split, tiny_lm, with_trained_spans
 from fairseq import search
 from fairseq.sequence_generator import SequenceGenerator
 
@@ -26,39 +26,6 @@ MODELS = {
 }
 # a bug that showed only from 11 layers on got through tests at one depth
 DEPTHS = {"1 layer": 1, "3 layers": 3, "12 layers": 12}
-
-
-def with_trained_spans(model):
-    """Spans that differ per head and reach less than --memory-span."""
-    for layer in model.decoder.layers:
-        if layer.self_attn.span_mask is not None:
-            heads = layer.self_attn.span_mask.span_fraction
-            heads.data = torch.linspace(0.1, 0.4, len(heads))
-    return model
-
-
-class Split:
-    """An in-memory split: a list of lines, as fairseq's indexed datasets give them."""
-
-    def __init__(self, lines):
-        self.lines = lines
-        self.sizes = torch.tensor([len(line) for line in lines]).numpy()
-
-    def __len__(self):
-        return len(self.lines)
-
-    def __getitem__(self, i):
-        return self.lines[i]
-
-
-def random_split(dictionary, lines=20, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for _ in range(lines):
-        n = int(torch.randint(1, 12, (1,), generator=g))
-        tokens = torch.randint(dictionary.nspecial, len(dictionary), (n,), generator=g)
-        out.append(torch.cat([tokens, torch.tensor([dictionary.eos()])]))
-    return Split(out)
 
 
 def streamed_log_probs(model, task, split, block, rows=1):

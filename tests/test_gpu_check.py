@@ -5,8 +5,10 @@ and its exit status, which names a failing step and says when steps were skipped
 The whole run is made once, its fairseq and benchmark commands forked by the recipes' command
 server (tests/recipe_shims.py: torch and fairseq imported once, most of what a command costs at
 these sizes), its GPU tests a folder of three (the checkout's own take seconds to collect, and
-all skip on the CPU). The other tests run steps that stand in for the real ones."""
+all skip on the CPU). The other tests run steps that stand in for the real ones, or a real step on
+a command's recorded output."""
 
+import argparse
 import json
 import logging
 import os
@@ -22,10 +24,11 @@ import recipe_shims
 from helpers import ENV, run_module
 
 from fairseq_feedback_cli.gpu_check import cli
-from fairseq_feedback_cli.gpu_check.check import NOT_MEASURED, REPO, Command, Outcome, Step, StepFailed
+from fairseq_feedback_cli.gpu_check.check import NOT_MEASURED, REPO, Check, Command, Outcome, Step, StepFailed
 from fairseq_feedback_cli.gpu_check.gpu_tests import checkout_tests, gpu_tests
 from fairseq_feedback_cli.gpu_check.machine import nvidia_smi_gpus
 from fairseq_feedback_cli.gpu_check.sizes import LOSS_TOLERANCE
+from fairseq_feedback_cli.gpu_check.speed import rows_sweep
 from fairseq_feedback_cli.gpu_check.training import compare_training, no_shape_repeated, training_comparison
 
 # what the tests replace, where the check reads it
@@ -141,33 +144,105 @@ def test_the_benchmark_compares_graphs_eager_and_fairseq_and_says_what_the_cpu_c
 
 
 @pytest.mark.slow
-def test_the_rows_sweep_gives_both_models_at_each_batch_each_at_its_best_and_the_profile(checked):
-    """Steps 3d and 3e, feedback-benchmark --rows 2,8: both models at both
-    batches, the best-batch ratio, and the feedback model's step profiled
-    at both, operator by operator on the CPU, beside the sweep."""
+def test_the_rows_sweep_gives_every_model_at_each_batch_each_at_its_best_and_the_profile(checked):
+    """Steps 3d and 3e, feedback-benchmark --rows: every model at every
+    batch (3e's feedback_lm also trained in passes, --train-passes 4
+    --pass-group 16), the best-batch ratios, and the exact feedback model's
+    step profiled at the smallest and the largest, operator by operator on
+    the CPU, beside the sweep."""
     _, report, markdown, out = checked
-    for key, only, fairseq, feedback, batches in (("3d", "translation", "transformer", "feedback_transformer", [2, 8]),
-                                                  ("3e", "lm", "transformer_lm", "feedback_lm", [8, 32, 128])):
+    for key, only, models, batches in (
+            ("3d", "translation", ["transformer", "feedback_transformer"], [2, 8]),
+            ("3e", "lm", ["transformer_lm", "feedback_lm", "feedback_lm (passes 16x4)"], [8, 32, 128])):
+        fairseq, feedback = models[:2]
         (record,) = [r for r in report["steps"] if r["step"] == key]
         sweep = record["figures"]
-        assert [batch["rows"] for batch in sweep["batches"]] == batches and sweep["models"] == [fairseq, feedback]
+        assert [batch["rows"] for batch in sweep["batches"]] == batches and sweep["models"] == models
+        assert ("--train-passes 4 --pass-group 16" in record["commands"][0]) == (only == "lm")
         for batch in sweep["batches"]:
-            assert all(batch["figures"][model]["train tok/s"] > 0 for model in (fairseq, feedback))
+            assert all(batch["figures"][model]["train tok/s"] > 0 for model in models)
             assert batch["figures"][feedback]["graphs MB"] > 0 and batch["figures"][fairseq]["peak MB"] is None
         best = sweep["best"]
-        assert best["feedback / fairseq"] == pytest.approx(best[feedback]["train tok/s"] / best[fairseq]["train tok/s"])
+        for model in models[1:]:
+            assert best[model]["feedback / fairseq"] == pytest.approx(
+                best[model]["train tok/s"] / best[fairseq]["train tok/s"])
+        assert best["feedback / fairseq"] == best[feedback]["feedback / fairseq"]
         assert set(sweep["profiles"]) == {str(batches[0]), str(batches[-1])}
         for table in sweep["profiles"].values():
             assert table["kind"] == "operator" and table["rows"] and 0 < table["share"] <= 1
             assert table["counted per step"] == pytest.approx(table["per step"], rel=0.02)
         printed = (out / "logs" / f"rows-{only}.log").read_text()
         for rows in batches:
-            for model in (fairseq, feedback):
-                assert re.search(rf"^\s+{rows}\s+{model}\s+[\d,.]+", printed, re.M), (rows, model)
-        assert re.search(r"^each at its fastest batch .*; feedback / fairseq \d+\.\d\d$", printed, re.M)
+            for model in models:
+                assert re.search(rf"^\s+{rows}\s+{re.escape(model)}\s+[\d,.]+", printed, re.M), (rows, model)
+        assert re.search(r"^each at its fastest batch .*; feedback / fairseq \d+\.\d\d(, .+ / fairseq \d+\.\d\d)*$",
+                         printed, re.M)
         section = markdown.split(f"### {key}. ")[1].split("\n### ")[0]
         assert "| operator | per target step | us per target step | share | shapes |" in section
-        assert f"| {batches[-1]} | {fairseq} | " in section and NOT_MEASURED in section
+        assert all(f"| {batches[-1]} | {model} | " in section for model in models) and NOT_MEASURED in section
+
+
+def sweep_figures(rate, ratio, kernels, read):
+    """A model's figures at a batch, as feedback-benchmark --rows --json writes them on a GPU."""
+    return {"train tok/s": rate, "feedback / fairseq": ratio, "ms/step": 8192 * 1000 / rate, "peak MB": 2048.0,
+            "graphs MB": None, "graphs gave up": None, "kernels/step": kernels, "GPU busy": 0.5,
+            "MB read/step": read, "ms at the bandwidth": read * 2**20 / 4.8e9}
+
+
+# feedback-benchmark --rows 32,128,512 --train-passes 4 --pass-group 16 --json, on a GPU: three models,
+# the largest batch out of memory (the figures made up, round to read)
+SWEEP_IN_PASSES = {
+    "rows": [32, 128, 512], "unit": "streams", "models": ["transformer_lm", "feedback_lm", "feedback_lm (passes 16x4)"],
+    "batches": [
+        {"rows": 32, "feedback / fairseq": 0.41, "figures": {
+            "transformer_lm": sweep_figures(100000.0, None, 14.0, 60.0),
+            "feedback_lm": sweep_figures(41000.0, 0.41, 140.0, 1900.0),
+            "feedback_lm (passes 16x4)": sweep_figures(65000.0, 0.65, 40.0, 500.0)}},
+        {"rows": 128, "feedback / fairseq": 0.6, "figures": {
+            "transformer_lm": sweep_figures(200000.0, None, 14.0, 60.0),
+            "feedback_lm": sweep_figures(120000.0, 0.6, 140.0, 9500.0),
+            "feedback_lm (passes 16x4)": sweep_figures(160000.0, 0.8, 40.0, 2500.0)}},
+        {"rows": 512, "out of memory": "CUDA out of memory. Tried to allocate 2.00 GiB"}],
+    "best": {"transformer_lm": {"rows": 128, "train tok/s": 200000.0},
+             "feedback_lm": {"rows": 128, "train tok/s": 120000.0, "feedback / fairseq": 0.6},
+             "feedback_lm (passes 16x4)": {"rows": 128, "train tok/s": 160000.0, "feedback / fairseq": 0.8},
+             "feedback / fairseq": 0.6},
+    "memory budget MB": 139.0 * 1024, "bandwidth GB/s": 4800.0, "profiles": {}}
+
+
+def test_step_3e_runs_the_model_in_passes_beside_exact_feedback_and_reports_every_model(tmp_path):
+    """Step 3e's command asks for the model in passes (sizes.py), and its
+    section renders a sweep of three models: a row of each at each batch,
+    each feedback model's ratio to fairseq's beside its rate and at its
+    fastest batch, in the summary and under the table."""
+    args = argparse.Namespace(size="full", minutes=13.0, tolerance=None, device="cuda", cuda_graphs="auto")
+    check = Check(args, str(tmp_path), str(tmp_path), {"device": "NVIDIA H200"}, ["feedback-gpu-check"])
+    commands = []
+
+    def benchmark_writes_its_json(command):
+        commands.append(command.args)
+        with open(command.args[command.args.index("--json") + 1], "w") as f:
+            json.dump({"rows": {"lm": SWEEP_IN_PASSES}}, f)
+
+    with mock.patch.object(check, "run", benchmark_writes_its_json):
+        outcome = rows_sweep(check, "lm")
+    (args,) = commands
+    assert " --rows 32,128,512 --train-passes 4 --pass-group 16 --json " in f" {' '.join(args)} "
+    assert outcome.summary == (
+        "each at its fastest batch, feedback / fairseq 0.60, feedback_lm (passes 16x4) / fairseq 0.80 "
+        "(transformer_lm at 128 rows (200,000 tok/s), feedback_lm at 128 rows (120,000 tok/s), "
+        "feedback_lm (passes 16x4) at 128 rows (160,000 tok/s)); at 32 rows 0.41")
+    markdown = "\n".join(outcome.markdown)
+    assert "`feedback-benchmark --preset iwslt --rows 32,128,512 --train-passes 4 --pass-group 16`" in markdown
+    for line in ("| 32 | transformer_lm | 100,000 | - | ", "| 32 | feedback_lm | 41,000 | 0.41 | ",
+                 "| 32 | feedback_lm (passes 16x4) | 65,000 | 0.65 | ",
+                 "| 128 | feedback_lm (passes 16x4) | 160,000 | 0.80 | ",
+                 "| 512 | out of memory: CUDA out of memory. Tried to allocate 2.00 GiB |"):
+        assert line in markdown, line
+    assert outcome.markdown[-1] == (
+        "Each at its fastest batch within 139.0 GB: transformer_lm at 128 rows (200,000 tok/s), feedback_lm at 128 "
+        "rows (120,000 tok/s), feedback_lm (passes 16x4) at 128 rows (160,000 tok/s); feedback / fairseq 0.60, "
+        "feedback_lm (passes 16x4) / fairseq 0.80.")
 
 
 @pytest.mark.slow

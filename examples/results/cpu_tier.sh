@@ -153,17 +153,25 @@ transformer_lm() {
 
 # --- Figure 9: depth at constant parameters ----------------------------------------------------
 
+# checkpoint_stamp CHECKPOINT: its size and time, the first line of what was computed from it, so that a result
+# of an earlier checkpoint_last.pt (a run evaluated before it finished) is not taken for the last one's
+checkpoint_stamp() { echo "checkpoint $(stat -c '%s bytes, modified %Y' "$1")"; }
+
+# computed_from CHECKPOINT FILE: whether FILE holds what was computed from CHECKPOINT as it is now
+computed_from() { [ -f "$2" ] && [ "$(head -n 1 "$2")" = "$(checkpoint_stamp "$1")" ]; }
+
 bits_per_byte() {  # bits_per_byte CHECKPOINT SPLIT: fairseq-eval-lm's last line, beside the checkpoint
     local out=${1%.pt}.$2
-    [ -f "$out.bpb" ] && return 0
+    computed_from "$1" "$out.bpb" && return 0
     fairseq-eval-lm "$DOCS_BYTES" --user-dir "$PLUGIN" --cpu --task feedback_language_modeling --path "$1" \
         --gen-subset "$2" --tokens-per-sample 128 --batch-size "$DEPTH_EVAL_STREAMS" > "$out.out" 2>&1
-    grep -h "Loss (base 2)" "$out.out" | tail -n 1 > "$out.bpb.tmp"
+    { checkpoint_stamp "$1"; grep -h "Loss (base 2)" "$out.out" | tail -n 1; } > "$out.bpb.tmp"
     mv "$out.bpb.tmp" "$out.bpb"
 }
 
-depth() {  # depth NAME LAYERS SEED OPTIONS...: a feedback_lm of LAYERS layers with DEPTH_BASE layers' parameters
-    local name=depth/$1 layers=$2 split
+# bytes_lm FOLDER LAYERS SEED OPTIONS...: a feedback_lm of LAYERS layers with DEPTH_BASE layers' parameters
+bytes_lm() {
+    local name=$1 layers=$2 split
     if (( DEPTH_BASE * DEPTH_HEAD_DIM % layers || DEPTH_BASE * DEPTH_FFN % layers )); then
         log "depth $layers: $DEPTH_BASE layers' head dimension $DEPTH_HEAD_DIM and FFN $DEPTH_FFN do not divide by it"
         return 1
@@ -176,7 +184,41 @@ depth() {  # depth NAME LAYERS SEED OPTIONS...: a feedback_lm of LAYERS layers w
     for split in valid test; do bits_per_byte "$OUT/$name/checkpoint_last.pt" "$split"; done
 }
 
-bpb_of() {  # bpb_of CHECKPOINT SPLIT: the number of its bits_per_byte line
+depth() { bytes_lm "depth/$1" "${@:2}"; }  # depth NAME LAYERS SEED OPTIONS...
+
+# --- Training in passes (docs/passes.md) ------------------------------------------------------
+
+# passes NAME GxK SEED OPTIONS...: Figure 9's 2-layer feedback model (depth feedback_2) trained in passes,
+# G positions at a time, K passes each, evaluated exactly
+passes() { bytes_lm "passes/$1" 2 "$3" --per-layer-kv --pass-group "${2%x*}" --train-passes "${2#*x}" "${@:4}"; }
+
+# passes_benchmark GxK: feedback-benchmark's language-model table with the model trained in passes GxK beside
+# exact feedback and fairseq's transformer_lm, at PASSES_BENCHMARK's sizes (the runs' own): operators per position
+passes_benchmark() {
+    local out=$OUT/benchmarks/passes.$1.json
+    [ -f "$out" ] && return 0
+    mkdir -p "$OUT/benchmarks"
+    # shellcheck disable=SC2086  # the options split into words on purpose
+    feedback-benchmark $PASSES_BENCHMARK --only lm --threads 1 --train-passes "${1#*x}" --pass-group "${1%x*}" \
+        --json "$out" > "$OUT/logs/benchmark.passes.$1.log" 2>&1
+}
+
+# passes_gap RUN: its last checkpoint's bits per byte on the first blocks of the valid split (the curves'
+# validation) computed in each setting of PASSES_GAP beside exactly: how far the same weights' two modes part
+passes_gap() {
+    local out=$1/checkpoint_last.passes_gap
+    if ! computed_from "$1/checkpoint_last.pt" "$out"; then
+        # shellcheck disable=SC2086  # the options split into words on purpose
+        { checkpoint_stamp "$1/checkpoint_last.pt"
+          python -m fairseq_feedback_cli.passes_gap --data "$DOCS_BYTES" --path "$1/checkpoint_last.pt" \
+              --passes "$PASSES_GAP" $PASSES_GAP_READ; } > "$out.tmp"
+        mv "$out.tmp" "$out"
+    fi
+    tail -n +2 "$out"
+}
+
+bpb_of() {  # bpb_of CHECKPOINT SPLIT: the number of its bits_per_byte line, computed from it as it is now
+    bits_per_byte "$1" "$2"
     grep -o "Loss (base 2): [0-9.]*" "${1%.pt}.$2.bpb" | awk '{print $4}'
 }
 
@@ -206,7 +248,6 @@ depth_rows() {  # depth_rows RUN...: each run at its last update, then at the CP
             echo "| $(basename "$run") | $updates | no checkpoint | |"
             continue
         fi
-        for split in valid test; do bits_per_byte "$checkpoint" "$split"; done
         echo "| $(basename "$run") | $updates | $(bpb_of "$checkpoint" valid) | $(bpb_of "$checkpoint" test) |"
     done
     echo
@@ -286,6 +327,33 @@ for seed in $DEPTH_SEEDS; do
            "depth feedback_2$suffix 2 $seed --per-layer-kv")
 done
 
+# Training in passes: each setting (GxK) on the bytes and on the random walk, beside exact training and the
+# Transformer of the same size (the runs above); PASSES_SEED2, those also trained with seed 2 on the bytes (the
+# cheapest within 1% of exact there); PASSES_BYTES_MORE and PASSES_WALK_MORE, runs of other options, one per
+# line (passes' and toy's arguments; empty: none), the walk's best setting with seed 2 among them
+PASSES=${PASSES:-"16x2 16x4 64x4"}
+PASSES_BENCHMARK=${PASSES_BENCHMARK:-"--preset bytes"}
+PASSES_GAP=${PASSES_GAP:-"16x2,16x4,16x8,64x4,64x16"}  # the settings each seed-1 model is evaluated in
+PASSES_GAP_READ=${PASSES_GAP_READ:-"--batch-size 64 --tokens-per-sample 128 --max-blocks 6"}
+PASSES_SEED2=${PASSES_SEED2:-"64x4"}
+PASSES_BYTES_MORE=${PASSES_BYTES_MORE-"feedback_2_16x4_last 16x4 1 --pass-gradients last
+feedback_2_16x4_none 16x4 1 --pass-initial-memory none"}
+PASSES_WALK_MORE=${PASSES_WALK_MORE-"feedback_16x2_none --train-passes 2 --pass-group 16 --pass-initial-memory none
+feedback_16x4_none --train-passes 4 --pass-group 16 --pass-initial-memory none
+feedback_16x4_last --train-passes 4 --pass-group 16 --pass-gradients last
+feedback_8x2 --train-passes 2 --pass-group 8
+feedback_16x8 --train-passes 8 --pass-group 16
+feedback_4x4 --train-passes 4 --pass-group 4
+feedback_16x4_seed2 --train-passes 4 --pass-group 16 --seed 2
+feedback_seed2 --seed 2"}
+for setting in $PASSES; do
+    RUNS+=("passes feedback_2_$setting $setting 1"
+           "toy random_walk feedback_$setting --pass-group ${setting%x*} --train-passes ${setting#*x}")
+done
+for setting in $PASSES_SEED2; do RUNS+=("passes feedback_2_${setting}_seed2 $setting 2"); done
+[ -z "$PASSES_BYTES_MORE" ] || while read -r more; do RUNS+=("passes $more"); done <<< "$PASSES_BYTES_MORE"
+[ -z "$PASSES_WALK_MORE" ] || while read -r more; do RUNS+=("toy random_walk $more"); done <<< "$PASSES_WALK_MORE"
+
 # RUNS_ONLY: some of these runs, one per line (the summary then reports those)
 [ -z "${RUNS_ONLY:-}" ] || mapfile -t RUNS <<< "$RUNS_ONLY"
 
@@ -313,6 +381,8 @@ while [ "${#running[@]}" -gt 0 ]; do wait_one; done
 
 mkdir -p "$OUT/plots"
 runs_of() { compgen -G "$OUT/$1" || true; }  # the folders of the runs made (RUNS_ONLY may leave some out)
+# the runs of runs_of whose training finished (another run of this script may be training the others)
+trained_runs_of() { local run; for run in $(runs_of "$1"); do [ ! -f "$run/trained" ] || echo "$run"; done; }
 logs_of() { local run; for run in "$@"; do echo "$run/train.log"; done; }
 # shellcheck disable=SC2046,SC2086  # the lists split into folders on purpose
 {
@@ -333,13 +403,45 @@ logs_of() { local run; for run in "$@"; do echo "$run/train.log"; done; }
         python -m fairseq_feedback_cli.curves log --out "$OUT/plots/debian_docs.png" --metric valid_ppl \
             --title "Debian manuals: validation perplexity" $(logs_of $lm)
     fi
-    depth=$(runs_of "depth/*")
+    depth=$(trained_runs_of "depth/*")
     if [ -n "$depth" ]; then
         echo "## Figure 9 at CPU scale: depth at constant parameters (the Debian manuals as bytes)"
         depth_rows $depth
         python -m fairseq_feedback_cli.curves log --out "$OUT/plots/depth.png" --metric valid_loss \
             --label "valid bits per byte" --clock cpu --title "Debian manuals as bytes: depth at constant parameters" \
             $(logs_of $depth) > /dev/null
+    fi
+    passes=$(trained_runs_of "passes/*")
+    if [ -n "$passes" ]; then
+        echo "## Training in passes: Figure 9's 2-layer feedback model on the bytes (exact: depth/feedback_2)"
+        # shellcheck disable=SC2046
+        depth_rows $(trained_runs_of "depth/feedback_2*") $(trained_runs_of "depth/transformer_2*") $passes
+        python -m fairseq_feedback_cli.curves log --out "$OUT/plots/passes.png" --metric valid_loss \
+            --label "valid bits per byte" --clock cpu --title "Debian manuals as bytes: training in passes" \
+            $(logs_of $(trained_runs_of "depth/feedback_2*") $(trained_runs_of "depth/transformer_2*") $passes) \
+            > /dev/null
+        for setting in $PASSES; do passes_benchmark "$setting"; done
+        echo
+        echo "What a training step cost: CPU seconds per update (each run's), operators per position" \
+             "(feedback-benchmark $PASSES_BENCHMARK, one thread; the Transformer's: fairseq's transformer_lm)"
+        echo
+        python -m fairseq_feedback_cli.curves price --out "$OUT/plots/passes_price.png" --metric valid_loss \
+            --label "valid bits per byte" --title "Debian manuals as bytes: quality against the cost of a step" \
+            --benchmark "$OUT"/benchmarks/passes.*.json \
+            -- $(logs_of $(trained_runs_of "depth/feedback_2*") $(trained_runs_of "depth/transformer_2*") $passes)
+        echo
+        echo "The same weights in passes and exactly: bits per byte of the valid split's first blocks"
+        for run in $(trained_runs_of "depth/feedback_2") \
+                   $(for setting in $PASSES; do trained_runs_of "passes/feedback_2_$setting"; done); do
+            echo
+            passes_gap "$run"
+        done
+        walks=$(for setting in $PASSES; do runs_of "toy/random_walk/feedback_$setting*"; done)
+        if [ -n "$walks" ]; then
+            echo "## Training in passes: the random walk (test set; exact: feedback, Transformer: transformer)"
+            python -m fairseq_feedback_cli.curves toy --out "$OUT/plots/passes" $(runs_of "toy/random_walk/feedback") \
+                $(runs_of "toy/random_walk/feedback_seed*") $(runs_of "toy/random_walk/transformer") $walks
+        fi
     fi
     toys=$(runs_of "toy/*/*")
     if [ -n "$toys" ]; then

@@ -12,6 +12,9 @@ ways, eagerly or replayed as CUDA graphs.
         |     |  .block        a block over a memory buffer, run by:
         |     +-- reference.py     ReferenceLoop: step by step through autograd, fairseq's modules as
         |     |                    they are (reference_step; memory_views); covers every option
+        |     +-- passes.py        PassesLoop (.block_in_passes, --train-passes): training in passes, a
+        |     |                    block's positions in groups, each in K passes of every layer over the
+        |     |                    whole group (fairseq's modules, through autograd)
         |     +-- fused_block.py   FusedFeedbackLoop: a block as one autograd Function (BlockFunction),
         |           |              its backward by hand, weight gradients once per block; what it
         |           |              reads, its gradients and its records by name (BlockInputs,

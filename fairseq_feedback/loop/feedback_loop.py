@@ -25,6 +25,7 @@ from ..modules.memory_decoder_layer import MemoryDecoderLayer, per_layer
 from ..modules.memory_view import SlotDistances
 from .block_weight_gradients import weight_gradients_per_block
 from .fused_block import FusedFeedbackLoop, fused_step
+from .passes import Passes, PassesLoop
 from .reference import ReferenceLoop, memory_views, persistent_vectors, reference_step
 
 Layers = Sequence[Optional[MemoryDecoderLayer]]  # None where LayerDrop left a layer out
@@ -108,6 +109,19 @@ class FeedbackLoop:
         positions = None if self.key_positions is None else full_window.positions(self.key_positions)[0]
         loop = (FusedFeedbackLoop if self.fused else ReferenceLoop)(
             self.memory, self.layers, buffer, window, span, positions, span_biases, weights, alignment)
+        return loop(x, encoder_kv, encoder_bias)
+
+    def block_in_passes(self, x: Tensor, buffer: KeyValueBuffer, window: Tuple[Tensor, ...],
+                        encoder_kv: Optional[Tensor], encoder_bias: Optional[Tensor],
+                        passes: Passes) -> Tuple[Tensor, Tensor]:
+        """`block`, its positions a group at a time in passes (passes.py):
+        exact where the passes reach, training's approximation elsewhere.
+
+        Args and returns: as `block` takes and returns them, and how the
+        block runs in passes (Passes).
+        """
+        loop = PassesLoop(self.memory, self.layers, buffer, window, self.span, self.memory_span, self.key_positions,
+                          self.memory.mixing_weights(), passes)
         return loop(x, encoder_kv, encoder_bias)
 
     def block_from(self, x: Tensor, initial: Tensor, encoder_kv: Optional[Tensor], encoder_bias: Optional[Tensor],

@@ -20,10 +20,13 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.models.transformer import TransformerConfig
 
 from ..errors import FeedbackUsageError
+from ..loop.passes import INITIAL_MEMORIES, PASS_GRADIENTS
 from ..modules.feedback_memory import composition_layer
 from ..option_ranges import check_ranges, field_ranges, flag
 
 CUDA_GRAPHS = ChoiceEnum(["auto", "off", "emulate"])
+PASS_GRADIENTS_CHOICES = ChoiceEnum(list(PASS_GRADIENTS))
+INITIAL_MEMORY_CHOICES = ChoiceEnum(list(INITIAL_MEMORIES))
 
 
 @dataclass
@@ -104,6 +107,32 @@ class FeedbackConfig(FairseqDataclass):
     )
     no_cuda_graphs: bool = field(
         default=False, metadata={"help": "the same as --cuda-graphs off", "may_change_on_resume": True})
+    train_passes: int = field(
+        default=0,
+        metadata={"help": "train in passes (docs/passes.md): each block's positions in groups of --pass-group, "
+                          "each group computed this many times, all its positions at once, reading the previous "
+                          "pass's memory inside the group; after pass k a group's first k positions are exact "
+                          "(--train-passes equal to --pass-group: exact feedback). 0: exact, one position at a "
+                          "time. Validation, fairseq-eval-lm and decoding always run exactly",
+                  "at_least": 0, "may_change_on_resume": True},
+    )
+    pass_group: int = field(
+        default=16,
+        metadata={"help": "with --train-passes: the positions a pass computes at once", "at_least": 1,
+                  "may_change_on_resume": True},
+    )
+    pass_gradients: PASS_GRADIENTS_CHOICES = field(
+        default="every",
+        metadata={"help": "with --train-passes: gradients through every pass ('every': a memory vector learns "
+                          "from the positions of its group that read it), or through the last pass alone "
+                          "('last': the earlier passes without autograd, cheaper)", "may_change_on_resume": True},
+    )
+    pass_initial_memory: INITIAL_MEMORY_CHOICES = field(
+        default="embeddings",
+        metadata={"help": "with --train-passes: the first pass's guess of a group's memory vectors, the "
+                          "embeddings ('embeddings'), or none ('none': the first pass reads only the memory "
+                          "before the group)", "may_change_on_resume": True},
+    )
 
 
 def decoder_config(args):
@@ -164,6 +193,28 @@ def check_feedback_args(args) -> None:
     if args.adaptive_span_loss and not args.adaptive_span:
         raise FeedbackUsageError("--adaptive-span-loss is the loss of learned spans: add --adaptive-span, "
                                  "or drop --adaptive-span-loss")
+    check_passes(args)
+
+
+def check_passes(args) -> None:
+    """--train-passes K of groups of --pass-group G: K <= G (G is exact), a
+    feedback model's, and a first guess that leaves no position with
+    nothing to read."""
+    passes, group = getattr(args, "train_passes", 0), getattr(args, "pass_group", 1)
+    if not passes:
+        return
+    if args.no_feedback:
+        raise FeedbackUsageError("--train-passes trains the feedback loop in passes; --no-feedback's Transformer "
+                                 "computes its blocks at once already: drop one of them")
+    if passes > group:
+        raise FeedbackUsageError(f"--train-passes {passes} is more than --pass-group {group}: {group} passes already "
+                                 f"compute a group exactly; use at most {group}")
+    if str(args.pass_initial_memory) == "none" and (args.adaptive_span or group > args.memory_span):
+        raise FeedbackUsageError(
+            "--pass-initial-memory none: the first pass of a group would leave its positions beyond "
+            + ("a head's learned span (--adaptive-span)" if args.adaptive_span
+               else f"--memory-span {args.memory_span} from the group's start (--pass-group {group})")
+            + " nothing to read; use --pass-initial-memory embeddings")
 
 
 def check_heads(args) -> None:

@@ -30,6 +30,7 @@ from torch import Tensor
 from ..loop import fallback
 from ..loop.feedback_loop import FeedbackLoop, Layers
 from ..loop.graphed_loop import GraphedFeedbackLoop
+from ..loop.passes import Passes
 from ..modules.feedback_attention import Alignment
 from ..modules.feedback_memory import FeedbackMemory
 from ..modules.key_value_buffer import KeyValueBuffer
@@ -50,6 +51,8 @@ class FeedbackDecoder(MemoryDecoder):
         )
         self.use_cuda_graphs("off" if cfg.no_cuda_graphs else str(cfg.cuda_graphs))
         self.use_fused_block(True)
+        self.train_in_passes(Passes(cfg.train_passes, cfg.pass_group, str(cfg.pass_gradients),
+                                    str(cfg.pass_initial_memory)) if cfg.train_passes else None)
         self.unfused_options = unfused_options(cfg)
         self.unfused_reasons_said = set()  # _log_unfused says each once
 
@@ -82,6 +85,14 @@ class FeedbackDecoder(MemoryDecoder):
         outputs and gradients in more operators."""
         self.fused_block_enabled = use
 
+    def train_in_passes(self, passes: Optional[Passes], in_evaluation: bool = False) -> None:
+        """How training computes a block (--train-passes): in `passes`
+        (loop/passes.py), or exactly (None). Evaluation and decoding run the
+        exact loop; `in_evaluation`, for measuring how far a model's numbers
+        in passes are from its exact ones (fairseq_feedback_cli/passes_gap.py),
+        has evaluation run in passes too (decoding, never)."""
+        self.passes, self.passes_in_evaluation, self.passes_said = passes, in_evaluation, False
+
     def decode(self, x, layers, encoder_kv, encoder_bias, incremental_state: Optional[IncrementalState] = None,
                stream_state: Optional[StreamState] = None, alignment: Optional[Alignment] = None):
         """Starts the memory (from m_{-1}, or from the stream's carried memory
@@ -100,7 +111,9 @@ class FeedbackDecoder(MemoryDecoder):
                     else x.new_zeros(1, self.memory.memories, x.size(1), self.embed_dim))  # m_{-1}
         graphed, memories = self.graphed, None
         search = None if incremental_state is None else self.get_incremental_state(incremental_state, "static_memory")
-        if incremental_state is not None and graphed is not None and graphed.decodes(x.device, search):
+        if self.passes is not None and (self.training or self.passes_in_evaluation) and incremental_state is None:
+            x, memories = self._run_in_passes(x, previous, span, layers, encoder_kv, encoder_bias)
+        elif incremental_state is not None and graphed is not None and graphed.decodes(x.device, search):
             x = self._decode_graphed(x, span, layers, encoder_kv, encoder_bias, incremental_state, search, alignment)
         elif incremental_state is None and graphed is not None and graphed.runs_blocks(x.device, None not in layers):
             x, memories = self._block_graphed(x, previous, span, layers, encoder_kv, encoder_bias)
@@ -123,6 +136,17 @@ class FeedbackDecoder(MemoryDecoder):
         x, memories = loop.block(x, buffer, window, encoder_kv, encoder_bias, alignment)
         self.memory.cache_keys_values(incremental_state, buffer)
         return x, memories
+
+    def _run_in_passes(self, x, previous, span, layers, encoder_kv, encoder_bias):
+        """Training's block in passes (loop/passes.py), from the memory
+        vectors `previous`: the top layer's outputs and the memory vectors."""
+        if self.training and not self.passes_said:
+            self.passes_said = True
+            logger.info(f"feedback decoder: training runs in {self.passes}; validation, evaluation and decoding "
+                        "run exactly, one position at a time")
+        loop = self.loop(layers, span, None)
+        buffer, window = loop.start(previous[-span:], len(x))
+        return loop.block_in_passes(x, buffer, window, encoder_kv, encoder_bias, self.passes)
 
     def _block_graphed(self, x, previous, span, layers, encoder_kv, encoder_bias):
         """The block from the graph of its bucket: FeedbackLoop.block_from,

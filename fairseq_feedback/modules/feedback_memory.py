@@ -110,7 +110,7 @@ class FeedbackMemory(CachedKeyValues, nn.Module):
             kv = torch.baddbmm(self.kv_proj.bias.view(memories, 1, -1),
                                memory.transpose(0, 1).reshape(memories, slots * bsz, embed_dim),
                                self.kv_proj.weight.view(memories, -1, embed_dim).transpose(1, 2))
-            kv = kv.view(memories, slots, bsz, -1).transpose(0, 1)
+            kv = kv.view(memories, slots, bsz, kv.size(-1)).transpose(0, 1)  # no -1: a group may hold no slots
         else:
             kv = self.kv_proj(memory)
         kv = kv.view(slots, memories, bsz, self.planes // memories, self.num_heads, self.head_dim)

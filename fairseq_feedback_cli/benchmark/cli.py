@@ -4,6 +4,7 @@
     feedback-benchmark --preset tiny        # seconds, to check that it runs
     feedback-benchmark --device cuda --dtype fp16 --preset iwslt   # IWSLT and feedback_lm_wiki103 sizes
     feedback-benchmark --reference-loop     # also the feedback models' loop through autograd
+    feedback-benchmark --train-passes 4     # also the feedback models trained in passes (groups of 16)
     feedback-benchmark --rows 8,32,128      # instead: training against rows, and each model at its best
 
 Translation: feedback_transformer against fairseq's transformer (training
@@ -24,12 +25,19 @@ per target step (a position of every row; on the CPU: operators dispatched,
 the count a GPU would launch, the feedback loop's as a GPU replays it) and
 the share of the step's wall time during which the GPU runs a kernel.
 
+With --train-passes K, each feedback model also trains in passes (the
+models' --train-passes and --pass-group), in a row of its own:
+"feedback_lm (passes 16x4)", groups of 16 positions, 4 passes each. Its
+rates and kernels per target step, and its rates as a ratio to fairseq's
+model, in a line under exact feedback's; it evaluates and decodes exactly.
+
 With --rows, instead of the tables: each pair's training at each batch
 (the LM with that many streams, translation with that many sentences a
 batch): tokens/s, the ratio at that batch, peak memory (on a GPU), kernels
 per step, and the bytes a step must read with the time they take at the
 card's bandwidth; then each model at its fastest batch within
---memory-budget, and the ratio of the two; and a profile of the feedback
+--memory-budget, and the ratio of the two (with --train-passes, the model
+trained in passes too, with its ratio); and a profile of the exact feedback
 model's training step at the smallest and the largest batch, kernel by
 kernel (on the CPU: operator by operator).
 
@@ -44,8 +52,12 @@ import argparse
 import json
 import platform
 import sys
+from typing import Optional
 
 import torch
+
+from fairseq_feedback.loop.passes import Passes
+from fairseq_feedback.models.feedback_config import FeedbackConfig
 
 from ..command_line import ArgumentParser, check_at_least, command, fail
 from ..machine import CORES, SEEDS, check_within, cores
@@ -77,6 +89,25 @@ def machine(device: torch.device) -> dict:
             "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version()}
 
 
+def training_in_passes(args) -> Optional[Passes]:
+    """How the extra rows train: --train-passes K over groups of --pass-group
+    G (the models' default unless given), or None without --train-passes.
+    Refused in one line: K above G (as the models refuse it), --pass-group
+    alone, and --breakdown beside them (it counts exact feedback's operators)."""
+    if args.train_passes is None:
+        if args.pass_group is not None:
+            fail(f"--pass-group {args.pass_group} is the group of --train-passes: add --train-passes, or drop "
+                 "--pass-group")
+        return None
+    if args.breakdown:
+        fail("--breakdown counts exact feedback's operators, not those of training in passes: drop --train-passes "
+             "or --breakdown")
+    group = FeedbackConfig.pass_group if args.pass_group is None else args.pass_group
+    if args.train_passes > group:
+        fail(f"--train-passes {args.train_passes} is more than --pass-group {group}: {group} passes already compute "
+             f"a group exactly; use at most {group}")
+    return Passes(args.train_passes, group)
+
 
 @command
 def main(argv=None):
@@ -102,6 +133,13 @@ def main(argv=None):
                         help="also run each feedback model with its loop step by step through autograd (the "
                              "reference loop, as before the fused block): what the fused block saves; with "
                              "--breakdown, the reference loop's operators instead")
+    parser.add_argument("--train-passes", type=int, metavar="K",
+                        help="also each feedback model trained in K passes over groups of --pass-group positions "
+                             "(the models' --train-passes), in a row of its own beside exact feedback, with its "
+                             "ratio to fairseq's model; with --rows, at each batch and at its fastest")
+    parser.add_argument("--pass-group", type=int, metavar="G",
+                        help="with --train-passes: the positions a pass computes at once, at least K (default "
+                             f"{FeedbackConfig.pass_group}, the models' own)")
     parser.add_argument("--first-batches", type=int, default=0, metavar="N",
                         help="first, each model's rate over its first N training batches, every capture included "
                              "(translation: batches of fairseq's --max-tokens kind, of varied lengths; the language "
@@ -121,7 +159,12 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         fail("--device cuda: no GPU is visible to torch")
-    check_at_least(args, first_batches=0)
+    check_at_least(args, first_batches=0, train_passes=1, pass_group=1)
+    passes = training_in_passes(args)
+    missing = [which for which in ("translation", "lm") if args.only in (None, which) and which not in PRESETS[args.preset]]
+    if missing:
+        fail(f"--preset {args.preset} has no {missing[0]} sizes: add --only "
+             f"{'lm' if missing[0] == 'translation' else 'translation'}")
     check_within(args, threads=(1, cores(), CORES), seed=SEEDS)  # 100000 threads: a segmentation fault
     if args.json:
         check_destination(args.json, "--json")  # before the work, not once the tables are ready
@@ -145,13 +188,13 @@ def main(argv=None):
             for which in ("translation", "lm"):
                 if args.only in (None, which):
                     sweeps[which] = sweep(which, PRESETS[args.preset][which], args.rows, args.seed, device, dtype,
-                                          args.cuda_graphs, budget, bandwidth)
+                                          args.cuda_graphs, budget, bandwidth, passes)
         elif args.only in (None, "translation"):
             tables["translation"] = translation(PRESETS[args.preset]["translation"], args.seed, device, dtype,
-                                                args.cuda_graphs, args.reference_loop, args.first_batches)
+                                                args.cuda_graphs, args.reference_loop, args.first_batches, passes)
         if not args.rows and args.only in (None, "lm"):
             tables["lm"] = language_model(PRESETS[args.preset]["lm"], args.seed, device, dtype, args.cuda_graphs,
-                                          args.reference_loop, args.first_batches)
+                                          args.reference_loop, args.first_batches, passes)
     except NotFinite as error:
         fail(str(error))
     if args.json:

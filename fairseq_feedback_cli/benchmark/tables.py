@@ -1,12 +1,14 @@
 """The two tables, translation and language modelling: each pair's rates in every phase as a
-ratio, beside the figures of each model (state bytes, capture, graphs' memory, operators or
-kernels per step, peak memory)."""
+ratio (and those of a feedback model trained in passes, with --train-passes), beside the figures
+of each model (state bytes, capture, graphs' memory, operators or kernels per step, peak memory)."""
 
-from typing import Dict
+from typing import Dict, List, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 from fairseq import search
+
+from fairseq_feedback.loop.passes import Passes
 
 from ..builders import make_dictionary
 from .graphs import graph_statistics, graphs_run
@@ -14,13 +16,14 @@ from .measure import FiniteResults, PeakMemory, check_before_search, first_batch
 from .operators import kernels_and_busy_share
 from .workloads import (BEAM, build_language_model, build_translation_model, consecutive_blocks, generation,
                         language_model_pairs, max_tokens_batches, models, optimizer_for, random_tokens, shifted,
-                        state_bytes_per_token, stream_blocks, training_step, translation_training,
-                        translation_training_on)
+                        state_bytes_per_token, stream_blocks, trained_in_passes, training_step,
+                        translation_training, translation_training_on)
 
 
-def translation(p, seed, device, dtype, cuda_graphs, reference_loop, first: int = 0):
+def translation(p, seed, device, dtype, cuda_graphs, reference_loop, first: int = 0, passes: Optional[Passes] = None):
     """The translation table (printed, and returned as table() returns it);
-    with `first`, the rate over each model's first `first` batches first."""
+    with `first`, the rate over each model's first `first` batches first;
+    with `passes`, the feedback model also trained in passes."""
     dictionary = make_dictionary(p["vocab"])
     g = torch.Generator().manual_seed(seed)
     src, target = (random_tokens(dictionary, p["batch"], p["length"], g).to(device) for _ in range(2))
@@ -33,7 +36,7 @@ def translation(p, seed, device, dtype, cuda_graphs, reference_loop, first: int 
     memory = PeakMemory.on(device)
     built = models([("transformer", "transformer", []), ("feedback_transformer", "feedback_transformer", [])],
                    lambda arch, extra: build_translation_model(arch, p, dictionary, seed, extra), device, dtype,
-                   cuda_graphs, reference_loop, memory)
+                   cuda_graphs, reference_loop, memory, passes=passes)
     optimizers = {}
     for name, model in built.items():
         with memory.charged(name):  # fp16's fp32 master weights
@@ -70,12 +73,15 @@ def translation(p, seed, device, dtype, cuda_graphs, reference_loop, first: int 
                                    f"{p['length'] // 2}-{p['length'] * 3 // 2}" if first else ""),
         list(built), rates,
         {**others, **profile_columns(built, profiles, [train_capture, beam_capture], device, cuda_graphs)},
-        memory, {"peak train MB": "training", "peak beam MB": "beam search"})
+        memory, {"peak train MB": "training", "peak beam MB": "beam search"},
+        [name for name, model in built.items() if trained_in_passes(model)])
 
 
-def language_model(p, seed, device, dtype, cuda_graphs, reference_loop, first: int = 0):
+def language_model(p, seed, device, dtype, cuda_graphs, reference_loop, first: int = 0,
+                   passes: Optional[Passes] = None):
     """The language-model table (printed, and returned as table() returns
-    it); with `first`, the rate over each model's first `first` blocks first."""
+    it); with `first`, the rate over each model's first `first` blocks first;
+    with `passes`, the feedback model also trained in passes."""
     dictionary = make_dictionary(p["vocab"])
     g = torch.Generator().manual_seed(seed)
     blocks = stream_blocks(dictionary, p["streams"], p["block"], g, device)
@@ -85,7 +91,7 @@ def language_model(p, seed, device, dtype, cuda_graphs, reference_loop, first: i
               "prefix_tokens": prompt}
     memory = PeakMemory.on(device)
     built = models(language_model_pairs(p), lambda arch, extra: build_language_model(arch, p, dictionary, seed, extra),
-                   device, dtype, cuda_graphs, reference_loop, memory)
+                   device, dtype, cuda_graphs, reference_loop, memory, passes=passes)
 
     train, evaluate, sampling = {}, {}, {}
     for name, model in built.items():
@@ -125,7 +131,8 @@ def language_model(p, seed, device, dtype, cuda_graphs, reference_loop, first: i
         f"sampling {p['sample_batch']} sequences of {p['block'] - 2} tokens",
         list(built), rates, {**({"capture s/shape": per_shape} if per_shape else {}),
                              **profile_columns(built, profiles, captures, device, cuda_graphs)},
-        memory, {"peak train MB": "training", "peak sample MB": "sampling"})
+        memory, {"peak train MB": "training", "peak sample MB": "sampling"},
+        [name for name, model in built.items() if trained_in_passes(model)])
 
 
 def profile_columns(built, profiles, captures, device, cuda_graphs) -> Dict[str, Dict[str, float]]:
@@ -155,34 +162,43 @@ FORMATS = {"capture s": "{:.2f}", "capture s/shape": "{:.2f}", "GPU busy": "{:.0
 NOT_MEASURED = "not measured on this device"
 
 
+def ratio_name(name: str, names: List[str]) -> str:
+    """The name of the ratio of model `name`'s rates to fairseq's model's (the
+    first of `names`): exact feedback's (the second's) "feedback / fairseq",
+    another's after it, as "feedback_lm (passes 16x4) / fairseq"."""
+    return "feedback / fairseq" if name == names[1] else f"{name} / fairseq"
+
+
 def table(title, names, compared: Dict[str, Dict[str, float]], others: Dict[str, Dict[str, float]],
-          memory: PeakMemory, peaks: Dict[str, str]) -> dict:
+          memory: PeakMemory, peaks: Dict[str, str], passes_rows: Sequence[str] = ()) -> dict:
     """Prints the table (print_table), each model's peak memory by phase
     (`peaks`: column -> phase) among `others` where it is measured; returns
     it for --json: its title, models, figures by column (each column's name
-    gives the unit) and model, the ratios, and the columns not measured."""
+    gives the unit) and model, the ratios (exact feedback's to fairseq's, and
+    those of the models trained in passes, `passes_rows`, each by ratio_name),
+    and the columns not measured."""
     measured = {column: memory.column(phase) for column, phase in peaks.items()}
     others = {**others, **{column: peak for column, peak in measured.items() if peak is not None}}
-    print_table(title, names, compared, others)
-    theirs, ours = names[:2]
-    return {"title": title, "models": names, "figures": {**compared, **others},
-            "feedback / fairseq": {c: compared[c][ours] / compared[c][theirs] for c in compared},
+    ratios = {ratio_name(name, names): {c: compared[c][name] / compared[c][names[0]] for c in compared}
+              for name in [names[1], *passes_rows]}
+    print_table(title, names, compared, others, ratios)
+    return {"title": title, "models": names, "figures": {**compared, **others}, **ratios,
             NOT_MEASURED: [column for column, peak in measured.items() if peak is None]}
 
 
-def print_table(title, names, compared: Dict[str, Dict[str, float]], others: Dict[str, Dict[str, float]]):
-    """`compared`: figures by column and model, the feedback model's (the
-    second model's) also as a ratio to fairseq's (the first); `others`:
-    more figures by column and model, "-" for a model without one."""
+def print_table(title, names, compared: Dict[str, Dict[str, float]], others: Dict[str, Dict[str, float]],
+                ratios: Dict[str, Dict[str, float]]):
+    """`compared`: figures by column and model; `others`: more figures by
+    column and model, "-" for a model without one; `ratios`: lines under
+    the models, each a ratio of the `compared` columns, by its name."""
     columns = [*compared, *others]
-    width = max(30, *(len(name) + 2 for name in names))
+    width = max(30, *(len(name) + 2 for name in [*names, *ratios]))
     print(title)
     print(f"{'model':{width}s}" + "".join(f"{c:>16s}" for c in columns))
     for name in names:
         cells = [f"{compared[c][name]:.1f}" for c in compared] + \
                 [FORMATS.get(c, "{:.1f}").format(others[c][name]) if name in others[c] else "-" for c in others]
         print(f"{name:{width}s}" + "".join(f"{cell:>16s}" for cell in cells))
-    theirs, ours = names[:2]
-    print(f"{'feedback / fairseq':{width}s}" + "".join(f"{compared[c][ours] / compared[c][theirs]:16.2f}"
-                                                       for c in compared))
+    for ratio, by_column in ratios.items():
+        print(f"{ratio:{width}s}" + "".join(f"{by_column[c]:16.2f}" for c in compared))
     print()

@@ -13,6 +13,8 @@ from fairseq.optim import FP16Optimizer
 from fairseq.sequence_generator import SequenceGenerator
 from torch import Tensor
 
+from fairseq_feedback.loop.passes import Passes
+
 from .. import builders
 from ..builders import size_flags
 from .graphs import feedback_loop_in_mode, graphs_run
@@ -55,21 +57,27 @@ def language_model_pairs(p):
     """(name, architecture, options) of the two language models compared."""
     head_dim = ["--head-dim", str(p["head_dim"])] if "head_dim" in p else []
     return [("transformer_lm", "transformer_lm", ["--decoder-normalize-before"]),
-            ("feedback_lm", "feedback_lm", ["--memory-span", str(p["span"]), *head_dim])]
+            ("feedback_lm", "feedback_lm",
+             ["--memory-span", str(p["span"]), *head_dim, *p.get("feedback_options", [])])]
 
 
 def models(pairs, build, device, dtype, cuda_graphs: str, reference_loop: bool = False,
-           memory: Optional[PeakMemory] = None, eager_too: bool = True):
+           memory: Optional[PeakMemory] = None, eager_too: bool = True, passes: Optional[Passes] = None):
     """Each (name, architecture, options) built on `device` in `dtype`, the
     feedback models with `--cuda-graphs cuda_graphs`; where their graphs
     run and `eager_too`, each feedback model also as it runs without them; with
-    `reference_loop`, each feedback model also with the reference loop.
-    `memory`: where each model's weights are counted."""
+    `passes`, each feedback model also trained in passes (--train-passes,
+    --pass-group; in_passes names it); with `reference_loop`, each feedback
+    model also with the reference loop. `memory`: where each model's weights
+    are counted."""
     pairs = [(name, arch, [*extra, "--cuda-graphs", cuda_graphs] if arch.startswith("feedback") else extra)
              for name, arch, extra in pairs]
     feedback = [(name, arch, extra) for name, arch, extra in pairs if arch.startswith("feedback")]
     if eager_too and graphs_run(device, cuda_graphs):
         pairs += [(f"{name} (eager)", arch, [*extra, "--no-cuda-graphs"]) for name, arch, extra in feedback]
+    if passes is not None:
+        pairs += [(in_passes(name, passes), arch, [*extra, "--train-passes", passes.passes, "--pass-group",
+                                                   passes.group]) for name, arch, extra in feedback]
 
     def on_the_device(name, arch, extra):
         with (memory or PeakMemory()).charged(name):
@@ -81,6 +89,16 @@ def models(pairs, build, device, dtype, cuda_graphs: str, reference_loop: bool =
             name = f"{name} (reference loop)"
             built[name] = with_the_reference_loop(on_the_device(name, arch, extra))
     return built
+
+
+def in_passes(name: str, passes: Passes) -> str:
+    """The row of the feedback model `name` trained in `passes`, group by passes: "feedback_lm (passes 16x4)"."""
+    return f"{name} (passes {passes.group}x{passes.passes})"
+
+
+def trained_in_passes(model) -> bool:
+    """Whether a training step of `model` computes its blocks in passes (FeedbackDecoder.train_in_passes)."""
+    return getattr(model.decoder, "passes", None) is not None
 
 
 def with_the_reference_loop(model):

@@ -28,6 +28,8 @@ SIZES = {
         benchmark=dict(preset="iwslt", first_batches=12),
         # the batches of steps 3d and 3e: the benchmark's (256 sentences, 32 streams), and up to 4x and 16x
         rows=dict(translation=[256, 1024], lm=[32, 128, 512]),
+        # step 3e's feedback_lm also trained in 4 passes over groups of 16 positions, beside exact feedback
+        passes=dict(lm=dict(passes=4, group=16)),
         # enough blocks per stream that eval-lm's rate, whose timer includes the capture, is mostly replays
         eval_lm=dict(preset="iwslt", corpus=["--train", 8000, "--valid", 14000]),
         two_ranks=dict(model=translation_model(128, 512, 4), batch=8, updates=10),
@@ -38,6 +40,7 @@ SIZES = {
         benchmark=dict(preset="tiny", first_batches=4),
         # the language model's: docs/performance.md's command (tests/test_gpu_check.py)
         rows=dict(translation=[2, 8], lm=[8, 32, 128]),
+        passes=dict(lm=dict(passes=4, group=16)),  # the tiny blocks of 8: one group, 4 passes
         eval_lm=dict(preset="tiny", corpus=["--train", 300, "--valid", 100]),
         two_ranks=dict(model=translation_model(32, 64, 2), batch=8, updates=4),
     ),

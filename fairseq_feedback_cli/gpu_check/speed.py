@@ -1,7 +1,8 @@
 """Steps 3a-3e: feedback-benchmark in fp16 at the translation and the language-model sizes (graphs
 against eager against fairseq's Transformer), fairseq-eval-lm's tokens/s at the language-model size,
-and feedback-benchmark --rows at both sizes (speed against rows, each model at its best batch, and
-where the feedback model's training step spends its time, kernel by kernel)."""
+and feedback-benchmark --rows at both sizes (speed against rows, the language model's also trained in
+passes, each model at its best batch, and where the feedback model's training step spends its time,
+kernel by kernel)."""
 
 import contextlib
 import json
@@ -143,21 +144,37 @@ SWEEP_COLUMNS = ["train tok/s", "feedback / fairseq", "ms/step", "peak MB", "gra
                  "GPU busy", "MB read/step", "ms at the bandwidth"]
 
 
+def best_ratios(sweep: dict) -> str:
+    """Each feedback model's rate at its fastest batch as a ratio to fairseq's
+    at its: "feedback / fairseq 0.41, feedback_lm (passes 16x4) / fairseq 0.65"
+    (exact feedback first, under the name the benchmark prints it by); ""
+    where none fits a batch."""
+    feedback, best = sweep["models"][1], sweep["best"]
+    return ", ".join(f"{'feedback' if model == feedback else model} / fairseq {best[model]['feedback / fairseq']:.2f}"
+                     for model in sweep["models"][1:]
+                     if model in best and best[model]["feedback / fairseq"] is not None)
+
+
 def rows_sweep(check: Check, only: str) -> Outcome:
-    """feedback-benchmark --only `only` --rows in fp16: both models at each
-    batch, each at its fastest, and the feedback model's step profiled at
-    the smallest and the largest batch."""
+    """feedback-benchmark --only `only` --rows in fp16: every model at each
+    batch (fairseq's, exact feedback, and where the sizes say so the
+    feedback model trained in passes, each feedback model with its ratio to
+    fairseq's), each at its fastest, and the exact feedback model's step
+    profiled at the smallest and the largest batch."""
     sizes = check.sizes["benchmark"]
     rows = check.sizes["rows"][only]
+    passes = check.sizes["passes"].get(only)
+    options = ["--rows", ",".join(map(str, rows)),
+               *([] if passes is None else ["--train-passes", passes["passes"], "--pass-group", passes["group"]])]
     written = check.path("work", f"rows-{only}.json")
     command = Command("fairseq_feedback_cli.benchmark", [
         "--only", only, "--preset", sizes["preset"], "--dtype", "fp16", "--device", check.args.device, "--cuda-graphs",
-        check.graphs, "--rows", ",".join(map(str, rows)), "--json", written], f"rows-{only}.log")
+        check.graphs, *options, "--json", written], f"rows-{only}.log")
     check.run(command)
     with open(written) as f:
         sweep = json.load(f)["rows"][only]
-    fairseq, feedback = sweep["models"]
-    columns = [c for c in SWEEP_COLUMNS if c == "feedback / fairseq" or any(
+    fairseq, feedback, *in_passes = sweep["models"]
+    columns = [c for c in SWEEP_COLUMNS if any(
         c in b["figures"][m] for b in sweep["batches"] if "figures" in b for m in sweep["models"])]
     lines = [f"| {sweep['unit']} | model | " + " | ".join(columns) + " |", "|---:|---|" + "---:|" * len(columns)]
     for batch in sweep["batches"]:
@@ -165,8 +182,7 @@ def rows_sweep(check: Check, only: str) -> Outcome:
             lines.append(f"| {batch['rows']} | out of memory: {batch['out of memory']} |" + " |" * len(columns))
             continue
         for model in sweep["models"]:
-            figures = {**batch["figures"][model],
-                       "feedback / fairseq": batch["feedback / fairseq"] if model == feedback else None}
+            figures = batch["figures"][model]
             cells = [NOT_MEASURED if c == "peak MB" and figures[c] is None else figure(c, figures.get(c))
                      for c in columns]
             gave_up = f" (graphs gave up: {figures['graphs gave up']})" if figures["graphs gave up"] else ""
@@ -175,22 +191,25 @@ def rows_sweep(check: Check, only: str) -> Outcome:
     budget = sweep["memory budget MB"]
     fastest = ", ".join(f"{model} at {best[model]['rows']} rows ({best[model]['train tok/s']:,.0f} tok/s)"
                         for model in sweep["models"] if model in best)
-    ratio = best["feedback / fairseq"]
+    ratios = best_ratios(sweep)
     at_smallest = next((b["feedback / fairseq"] for b in sweep["batches"] if "figures" in b), None)
-    summary = (f"each at its fastest batch, feedback / fairseq {ratio:.2f}" if ratio is not None else
-               "a model fits no batch") + (f" ({fastest})" if fastest else "") + \
-        (f"; at {rows[0]} rows {at_smallest:.2f}" if at_smallest is not None else "")
-    markdown = [f"On {check.machine['device']}, fp16, `feedback-benchmark --preset {sizes['preset']} --rows "
-                f"{','.join(map(str, rows))}`; rows: {sweep['unit']}.", "",
+    summary = (f"each at its fastest batch, {ratios}" if ratios else "a model fits no batch") + \
+        (f" ({fastest})" if fastest else "") + (f"; at {rows[0]} rows {at_smallest:.2f}" if at_smallest is not None
+                                                else "")
+    markdown = [f"On {check.machine['device']}, fp16, `feedback-benchmark --preset {sizes['preset']} "
+                f"{' '.join(map(str, options))}`; rows: {sweep['unit']}"
+                + "".join(f"; {model}: {feedback} trained in passes, {passes['passes']} over each group of "
+                          f"{passes['group']} positions" for model in in_passes) + ".", "",
                 "tok/s: target tokens per second of a training step, the median of steady calls; ms/step: a training "
                 "step's milliseconds; peak MB: torch.cuda.max_memory_allocated as with the model alone on the GPU; MB "
                 "read/step: what a training step must read at least, forward and backward (weights once; a feedback "
-                "model's loop weights at every step, with the memory's keys and values over the span for each layer); "
+                "model's loop weights at every step, with the memory's keys and values over the span for each layer, "
+                "at the graphs' padded rows; in passes, at every pass); feedback / fairseq: the row's tok/s over fairseq's model's; "
                 "ms at the bandwidth: that read at the card's memory bandwidth"
                 + (f" ({sweep['bandwidth GB/s']:,.0f} GB/s)" if sweep["bandwidth GB/s"] else "") + ".", "", *lines, "",
                 "Each at its fastest batch "
                 + (f"within {budget / 1024:,.1f} GB" if budget else "(peak memory not measured: every batch counts)")
-                + f": {fastest or 'none'}" + (f"; feedback / fairseq {ratio:.2f}." if ratio is not None else ".")]
+                + f": {fastest or 'none'}" + (f"; {ratios}." if ratios else ".")]
     for n, table in sweep["profiles"].items():
         kind = table["kind"]
         markdown += ["", f"Where a training step of {feedback} at {n} rows goes, {kind} by {kind}: "
@@ -204,9 +223,10 @@ def rows_sweep(check: Check, only: str) -> Outcome:
             markdown.append(f"| {others['count']} others | {others['per step']:.1f} | {others['us per step']:,.1f} | "
                             f"{others['share']:.1%} | |")
     outcome = Outcome(summary, sweep, markdown)
-    gave_up = [f"{batch['rows']} rows: {batch['figures'][feedback]['graphs gave up']}" for batch in sweep["batches"]
-               if "figures" in batch and batch["figures"][feedback]["graphs gave up"]
-               and "out of memory" not in batch["figures"][feedback]["graphs gave up"]]
+    gave_up = [f"{batch['rows']} rows, {model}: {batch['figures'][model]['graphs gave up']}"
+               for batch in sweep["batches"] if "figures" in batch for model in (feedback, *in_passes)
+               if batch["figures"][model]["graphs gave up"]
+               and "out of memory" not in batch["figures"][model]["graphs gave up"]]
     if gave_up:  # running out of memory at a large batch is a finding; any other failure, a defect
         raise StepFailed(f"the graphs gave up at {'; '.join(gave_up)}", outcome)
     return outcome
