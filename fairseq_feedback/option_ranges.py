@@ -1,8 +1,10 @@
 """The values an option can take, said where the option is declared, in one way: in its field's
 metadata for this plugin's options (models/feedback_config.py, tasks/feedback_language_modeling.py),
 in dictionaries of the same keys for fairseq's options (fairseq_fixes/option_values.py); and the one
-check that reads them. (What a machine takes of the tools' options, fairseq_feedback_cli/machine.py
-checks in the same words: the data scripts that check it do not load this plugin.)
+check that reads them; check_types reads a value that bypasses the command line's parser
+(--model-overrides) as that parser reads it. (What a machine takes of the tools' options,
+fairseq_feedback_cli/machine.py checks in the same words: the data scripts that check it do not load
+this plugin.)
 
     "at_least", "above"   the lowest value, or the value every value is above
     "at_most", "below"    the highest value, or the value every value is below
@@ -48,6 +50,27 @@ def check_ranges(options, ranges: dict) -> None:
         for value in map(number, given if isinstance(given, (list, tuple, ListConfig)) else [given]):
             if value is not None and not _within(value, bounds):
                 raise FeedbackUsageError(f"{flag(name)} must be {_described(bounds)}, got {value}")
+
+
+def check_types(values: dict, actions: dict) -> None:
+    """Each value of `values` (--model-overrides, which fairseq evaluates as Python and hands to the
+    model as it is: {'memory_span': 'x'} reached its arithmetic, a TypeError) read as the command line
+    reads its option: by its type and choices (`actions`: argparse's, by option); unset (None), or
+    of an option without a type (a flag), it is skipped."""
+    for name, value in values.items():
+        action = actions.get(name)
+        if action is None or action.type is None or value is None:
+            continue
+        try:  # a type of Python's gives the value back; fairseq's list types give '0,1' as [0, 1]
+            read = action.type(str(value))
+            fits = (read == value or action.type not in (int, float, str)) and value in (action.choices or [value])
+        except Exception:  # refused by the type, as argparse refuses it (fairseq's list types evaluate Python)
+            fits = False
+        if not fits:
+            kind = {int: "an integer", float: "a number", str: "text"}.get(action.type, "as the command line gives it")
+            if action.choices is not None:
+                kind = f"one of {', '.join(map(str, action.choices))}"
+            raise FeedbackUsageError(f"{flag(name)} must be {kind}, got {value!r}")
 
 
 def _within(value, bounds) -> bool:

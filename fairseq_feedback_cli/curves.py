@@ -17,11 +17,11 @@ json: the validation metric (--metric, as fairseq names it; --label names it
 in the figure and the rows) against updates and against hours of training,
 one curve per file, named by its folder (a perplexity on a log axis).
 Training time is fairseq's wall clock, added up over resumed runs; or, with
---clock cpu, the CPU time in the file cpu_seconds beside the log (lines of
-user and system seconds, one per process, as bash's `time` with
-TIMEFORMAT="%U %S" writes them; examples/results/cpu_tier.sh does), spread
-evenly over the updates: a clock that other work on the machine does not
-stop.
+--clock cpu, the CPU time per update in the file cpu_seconds beside the log
+(a line per process: its user and system seconds, as bash's `time` with
+TIMEFORMAT="%U %S" writes them, and the updates it trained;
+examples/results/cpu_tier.sh writes them), spread evenly over the updates: a
+clock that other work on the machine does not stop.
 
 price: each file is such a log of a feedback_lm run, exact, in passes or
 --no-feedback: the metric at its last validation against what a training
@@ -95,19 +95,21 @@ def log_points(path, metric):
 
 def cpu_hours(log, points):
     """The points of `log` with their hours on the clock of its cpu_seconds, spread evenly over the updates."""
-    seconds = cpu_seconds(log)
-    last = points[-1][0]
-    return [(updates, seconds * updates / last / 3600, value) for updates, _, value in points]
+    seconds = cpu_seconds_per_update(log)
+    return [(updates, seconds * updates / 3600, value) for updates, _, value in points]
 
 
-def cpu_seconds(log, reader="--clock cpu"):
-    """The CPU seconds in the cpu_seconds file beside `log` (lines of 'user system' seconds), which `reader` reads."""
+def cpu_seconds_per_update(log, reader="--clock cpu"):
+    """The CPU seconds an update took, from the cpu_seconds file beside `log`: a line per process, its 'user
+    system' seconds and the updates it trained. A process killed writes no line, and the others still give
+    the rate (examples/results/cpu_tier.sh), which `reader` reads."""
     path = os.path.join(os.path.dirname(os.path.abspath(log)), "cpu_seconds")
     try:
         with open(path) as f:
-            return sum(float(x) for line in f for x in line.split())
-    except (OSError, ValueError) as e:
-        fail(f"{reader} reads {path}, which lines of 'user system' seconds make ({e})")
+            user, system, updates = (sum(column) for column in zip(*(map(float, line.split()) for line in f)))
+        return (user + system) / updates
+    except (OSError, ValueError, ZeroDivisionError) as e:
+        fail(f"{reader} reads {path}, which lines of 'user system updates' make ({e or 'no updates'})")
 
 
 def benchmark_model(log):
@@ -120,7 +122,11 @@ def benchmark_model(log):
     passes, group = (re.search(rf"'{name}': (\d+)", config) for name in ("train_passes", "pass_group"))
     if passes is None or group is None:
         fail(f"{log} does not begin with a feedback_lm run's configuration (fairseq-train --log-file, this plugin)")
-    return "feedback_lm" if passes[1] == "0" else f"feedback_lm (passes {group[1]}x{passes[1]})"
+    if passes[1] == "0":
+        return "feedback_lm"
+    # the benchmark's passes keep every pass's gradients: a run through the last pass alone has no count
+    last = " (gradients through the last pass)" if re.search(r"'pass_gradients': '?last", config) else ""
+    return f"feedback_lm (passes {group[1]}x{passes[1]}){last}"
 
 
 def operators_per_position(paths):
@@ -180,7 +186,7 @@ def main(argv=None):
         for path in args.inputs:
             updates, _, value = log_points(path, args.metric)[-1]
             name = os.path.basename(os.path.dirname(os.path.abspath(path)))
-            points[name] = (cpu_seconds(path, "price") / updates, operators.get(benchmark_model(path)), value)
+            points[name] = (cpu_seconds_per_update(path, "price"), operators.get(benchmark_model(path)), value)
             ops = "" if points[name][1] is None else f"{points[name][1]:.0f}"
             print(f"| {name} | {updates} | {value:.4f} | {points[name][0]:.2f} | {ops} |")
         plots.save(plots.price(points, label, args.title), args.out, dpi=90)

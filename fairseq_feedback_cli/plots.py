@@ -25,27 +25,33 @@ def toy_accuracy(results, task, title=""):
     results: {model: [feedback-evaluate-toy's results, by updates]}."""
     plt = _pyplot()
     token_metric, line_metric = METRICS[task]
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    models = []
     for (name, rs), color in zip(results.items(), colors(len(results))):
         updates = [r["updates"] for r in rs]
-        ax.plot(updates, [100 * r[token_metric] for r in rs], "o-", color=color, label=f"{name} ({token_metric})")
-        ax.plot(updates, [100 * r[line_metric] for r in rs], "s--", color=color, alpha=0.6,
-                label=f"{name} ({line_metric})")
+        models += ax.plot(updates, [100 * r[token_metric] for r in rs], "o-", color=color, label=name)
+        ax.plot(updates, [100 * r[line_metric] for r in rs], "s--", color=color, alpha=0.6)
+    # a legend entry per model, and one per line style: two entries per model hid the curves from 5 models on
+    styles = [plt.Line2D([], [], color="gray", marker=marker, linestyle=style, label=metric)
+              for marker, style, metric in (("o", "-", token_metric), ("s", "--", line_metric))]
     ax.set_xlabel("updates")
     ax.set_ylabel("test accuracy (%)")
     ax.set_ylim(0, 100)
     ax.grid(alpha=0.3)
-    ax.legend(loc="best", fontsize=9)
+    ax.legend(handles=models + styles, loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8)
     ax.set_title("\n".join(textwrap.fill(line, 95) for line in title.splitlines()), fontsize=9)
     fig.tight_layout()
     return fig
 
 
 def colors(n):
-    """n colours, the first four as the demo's figure has them, then tab10's others (cycled)."""
+    """n colours, the first four as the demo's figure has them, then tab10's others; from 11 on, tab20's
+    lighter shades too (each n distinct up to 20, then cycled)."""
     first = ["tab:red", "tab:blue", "tab:green", "tab:gray"]
     others = ["tab:orange", "tab:purple", "tab:brown", "tab:pink", "tab:olive", "tab:cyan"]
-    return [(first + others)[i % 10] for i in range(n)]
+    lighter = ["#ff9896", "#aec7e8", "#98df8a", "#c7c7c7", "#ffbb78", "#c5b0d5", "#c49c94", "#f7b6d2",
+               "#dbdb8d", "#9edae5"]  # tab20's light shades, in the order above
+    return [(first + others + lighter)[i % 20] for i in range(n)]
 
 
 def validation_curves(runs, metric, title="", label=None, clock="wall"):

@@ -192,11 +192,23 @@ def pairs(args, gen: Optional[str]) -> Tuple[List[str], List[str]]:
     return [out.hypotheses[i] for i in ids], [references[i] for i in ids]
 
 
-def detokenize(lines: List[str], lang: str) -> List[str]:
+def check_language(lang: str) -> None:
+    """--detokenize LANG, a language Moses knows: sacremoses takes any code, and detokenized by no
+    language's rules, without a word, a mistyped one (`xx`: a BLEU all the same)."""
     try:
-        from sacremoses import MosesDetokenizer
+        from sacremoses.corpus import NonbreakingPrefixes
     except ImportError:
         fail("--detokenize needs sacremoses: pip install sacremoses")
+    # the languages Moses has data for (its non-breaking prefixes), and Korean, which its detokenizer names
+    known = set(NonbreakingPrefixes().available_langs.values()) | {"ko"}
+    if lang not in known:
+        fail(f"--detokenize {lang} is not a language Moses knows: pass the code of the hypotheses' language, one of "
+             f"{', '.join(sorted(known))}")
+
+
+def detokenize(lines: List[str], lang: str) -> List[str]:
+    from sacremoses import MosesDetokenizer
+
     detok = MosesDetokenizer(lang=lang)
     return [detok.detokenize(line.split()) for line in lines]
 
@@ -274,6 +286,8 @@ def evaluate(args, gen: Optional[str]):
 @command
 def main(argv: Optional[List[str]] = None) -> None:
     args = parser().parse_args(argv)
+    if args.detokenize is not None:
+        check_language(args.detokenize)
     if args.gen is not None and len(args.gen) > 1:
         if "-" in args.gen:
             fail("standard input ('-') can only be the one --gen")

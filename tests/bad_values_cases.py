@@ -384,11 +384,11 @@ CASES = {
            ("eval_lm", EVAL_LM, "LM_CKPT", "{'decoder_layers': 3}", "decoder_layers 2", "decoder_layers 3"),
            ("generate", GENERATE, "TR_CKPT", "{'encoder_embed_dim': 32}", "encoder_embed_dim 16",
             "encoder_embed_dim 32"))},
-    # a plugin's option of the wrong type, refused by omegaconf as fairseq merges the overrides
+    # a plugin's option of the wrong type, refused as the command line refuses it (omegaconf refused it as
+    # fairseq merged the overrides, in its words: the options of fairseq's models reached the model)
     "eval-lm --model-overrides with --adaptive-span-loss 'x'": Case(
         "eval_lm", [*EVAL_LM, "--model-overrides", literally("{'adaptive_span_loss': 'x'}")],
-        "omegaconf.errors.ValidationError: Value 'x' of type 'str' could not be converted to Float; full_key: "
-        "adaptive_span_loss"),
+        "--adaptive-span-loss must be a number, got 'x'"),
     **{f"lm --decoder-layers-to-keep {keep}": lm(
         "--decoder-layers-to-keep", keep, message=f"--decoder-layers-to-keep must be numbers of layers below "
                                                   f"--decoder-layers 2, each once, as '0,2', got '{keep}'")
@@ -560,4 +560,31 @@ CASES |= {
     "eval-lm --model-overrides {'memory_span': 0}": Case(
         "eval_lm", [*EVAL_LM, "--model-overrides", literally("{'memory_span': 0}")],
         "--memory-span must be at least 1, got 0"),
+}
+
+# ---------------------------------------------------------------------- issue 61: the sweep's last cases
+CASES |= {
+    # fairseq checks --temperature as it builds the search, after --sampling's --nbest against --beam
+    **{f"generate {' '.join(flags)}": Case("generate", [*GENERATE, *flags],
+                                           "--temperature must be greater than 0, got 0.0")
+       for flags in (["--sampling", "--temperature", "0"], ["--sampling", "--beam", "1", "--temperature", "0"])},
+    # the --arch first: it set the options that differ (a feedback_lm_toy differed from a feedback_lm in
+    # --base-shuffle alone, which BASE layers read, and was named by it)
+    "lm --restore-file with another --arch": lm(
+        "--restore-file", "{LM_CKPT}", "--arch", "feedback_lm_char_ptb",
+        message="{LM_CKPT} was trained with --arch feedback_lm --per-layer-kv False, and this command line asks for "
+                "--arch feedback_lm_char_ptb --per-layer-kv True: continue it with --arch feedback_lm --per-layer-kv "
+                "False, or drop --restore-file"),
+    # the streams' layout was as large as the streams asked for: 8 GB before anything refused it
+    "lm --batch-size 10**9": lm("--batch-size", str(10 ** 9), message="train holds 180 tokens, too few for the "
+                                "1,000,000,000 streams asked for (--batch-size x workers), and its 30 lines fill 30 "
+                                "at most (a stream starts at a line): pass a --batch-size (--batch-size-valid for "
+                                "validation) of 30 or less"),
+    # an override read as the command line reads its option: it reached the model's arithmetic, a TypeError
+    **{f"{tool.replace('_', '-')} --model-overrides {given}": Case(
+        tool, [*argv, "--model-overrides", literally(given)], message)
+       for tool, argv, given, message in (
+           ("generate", GENERATE, "{'memory_span': 'x'}", "--memory-span must be an integer, got 'x'"),
+           ("eval_lm", EVAL_LM, "{'memory_span': '4'}", "--memory-span must be an integer, got '4'"),
+           ("generate", GENERATE, "{'activation_fn': 'nope'}", "--activation-fn must be one of relu, gelu"))},
 }

@@ -2,6 +2,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import types
 
 import pytest
@@ -20,49 +21,115 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "slow: starts Python anew (a tool as a user's shell starts it, two ranks, "
                                        "a run to kill, the recipes' shells); `make test-slow` runs these, "
                                        "`make test` the others, CI both")
-    subprocess.Popen.__init__ = _new_pythons_only_where_slow(subprocess.Popen.__init__)
+    _watch_new_pythons()
     if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test`: one worker per core, one thread each
         torch.set_num_threads(1)
 
 
 # --- the slow tests: those that start Python anew, each paying 5-8 s of CPU for its imports ---------
+# `make test` stays fast by rule, not by care: a test not marked slow fails if a Python starts while it
+# runs, however it starts (this Python, a console script, `env python`, a shell, os.system,
+# multiprocessing's spawn). Each new Python reads sitecustomize.py from the first folder of its
+# PYTHONPATH, SITECUSTOMIZE below, which writes its command line into the folder WATCH names; the test's
+# setup, call and teardown each end by looking there. Nothing is raised where the Python starts, so
+# that no `except Exception` around it can hide it. What it cannot see: docs/testing.md.
 
-_SLOW = {"now": None}  # whether the test that runs now is marked slow; None between tests (xdist's workers)
+WATCH = "FAIRSEQ_FEEDBACK_TESTS_NEW_PYTHONS"
+SITECUSTOMIZE = f"""# written by tests/conftest.py: this Python's command line, for the test that started it
+import os, sys
+
+folder = os.environ.get({WATCH!r})
+if folder:
+    path = os.path.join(folder, str(os.getpid()))
+    try:  # whole or not at all: renamed once written
+        with open(path + ".tmp", "w") as f:
+            f.write(" ".join(sys.orig_argv))
+        os.replace(path + ".tmp", path)
+    except OSError:  # the test ended, its folder gone
+        pass
+"""
+_WATCHED = {}  # made once per process (an xdist worker): "root", the tests' folders in it, and "site"
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_protocol(item):
-    """The test's mark holds through its fixtures' setup and teardown too: a module's fixture is set up by
-    the first test that asks for it."""
-    _SLOW["now"] = item.get_closest_marker("slow") is not None
-    yield
-    _SLOW["now"] = None
+def _watch_new_pythons():
+    _WATCHED["root"] = tempfile.mkdtemp(prefix="new-pythons-")
+    _WATCHED["site"] = os.path.join(_WATCHED["root"], "site")
+    os.mkdir(_WATCHED["site"])
+    with open(os.path.join(_WATCHED["site"], "sitecustomize.py"), "w") as f:
+        f.write(SITECUSTOMIZE)
+    subprocess.Popen.__init__ = _carrying_the_watch(subprocess.Popen.__init__)
 
 
-def _new_pythons_only_where_slow(start):
-    """subprocess.Popen.__init__, refusing a new Python outside the tests marked slow: `make test` stays
-    fast by rule, not by care. A Python that a shell starts is out of its sight (docs/testing.md)."""
-    def starts(self, args, *rest, **kwargs):
-        program = args if isinstance(args, (str, os.PathLike)) else args[0]
-        if _SLOW["now"] is False and not kwargs.get("shell") and _is_python(str(program)):
-            raise AssertionError(f"this test starts a new Python ({' '.join(map(str, args))[:200]}): mark it "
-                                 "@pytest.mark.slow, or run the code in this process (docs/testing.md)")
-        start(self, args, *rest, **kwargs)
+def pytest_unconfigure():
+    shutil.rmtree(_WATCHED.pop("root", ""), ignore_errors=True)
+
+
+def _watched(env) -> dict:
+    """The two variables that make a Python started with environment `env` tell the watch it started."""
+    paths = env.get("PYTHONPATH", "").split(os.pathsep)
+    return {WATCH: os.environ[WATCH],
+            "PYTHONPATH": os.pathsep.join([_WATCHED["site"], *(p for p in paths if p and p != _WATCHED["site"])])}
+
+
+def _carrying_the_watch(start):
+    """subprocess.Popen.__init__, adding the watch's variables to an `env=` given while a test not marked
+    slow runs: helpers.ENV, made before any test, has neither."""
+    def starts(self, *args, **kwargs):
+        if WATCH in os.environ and kwargs.get("env") is not None:
+            kwargs["env"] = {**kwargs["env"], **_watched(kwargs["env"])}
+        start(self, *args, **kwargs)
 
     return starts
 
 
-def _is_python(program: str) -> bool:
-    """This interpreter, or a script it runs (a console script's first line names it)."""
-    path = os.path.realpath(shutil.which(program) or program)
-    if path == os.path.realpath(sys.executable):
-        return True
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item):
+    """The watch holds through the test's fixtures' setup and teardown too: a module's fixture is set up by
+    the first test that asks for it. Each test has a folder of its own: a Python still starting as its
+    test ends (a Popen never waited for) is not told to the next."""
+    before = {name: os.environ.get(name) for name in (WATCH, "PYTHONPATH")}
+    if item.get_closest_marker("slow") is None:
+        os.environ[WATCH] = tempfile.mkdtemp(dir=_WATCHED["root"])
+        os.environ.update(_watched(os.environ))
     try:
-        with open(path, "rb") as f:
-            first = f.readline(200)
-    except OSError:
-        return False
-    return first.startswith(b"#!") and b"python" in first
+        yield
+    finally:
+        shutil.rmtree(os.environ.pop(WATCH, ""), ignore_errors=True)
+        for name, value in before.items():
+            if value is not None:
+                os.environ[name] = value
+            else:
+                os.environ.pop(name, None)
+
+
+def refuse_new_pythons():
+    """Fails the phase of a test not marked slow that started a Python; each Python is told once."""
+    folder, started = os.environ.get(WATCH), []
+    for name in sorted(os.listdir(folder)) if folder else []:
+        if not name.endswith(".tmp"):
+            with open(os.path.join(folder, name)) as f:
+                started.append(f.read())
+            os.remove(os.path.join(folder, name))
+    if started:
+        raise AssertionError(f"this test started a new Python ({'; '.join(started)[:300]}): mark it "
+                             "@pytest.mark.slow, or run the code in this process (docs/testing.md)")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    result = yield
+    refuse_new_pythons()
+    return result
+
+
+pytest_runtest_setup = pytest_runtest_teardown = pytest_runtest_call
+
+
+@pytest.fixture
+def new_pythons():
+    """What each phase of a test not marked slow ends with (refuse_new_pythons), for tests/test_tiers.py,
+    whose tests start Python to show that the rule sees it."""
+    return refuse_new_pythons
 
 
 def pytest_report_header():

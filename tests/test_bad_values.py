@@ -14,6 +14,8 @@ start `python -m` like a user's shell does, in a new process (marked slow:
 `make test-slow` runs them). The module's last lines report the counts.
 """
 
+import contextlib
+import logging
 import os
 import shutil
 import time
@@ -184,6 +186,15 @@ def test_a_continued_model_may_change_its_regularisation_and_how_it_is_computed(
     assert "Loaded checkpoint" in proc.stdout
 
 
+def test_a_continued_model_may_change_its_arch_where_that_makes_the_same_model(files, tmp_path):
+    """feedback_lm_toy's sizes, given on the command line, make the model feedback_lm made: it differed in
+    --base-shuffle alone, which only BASE layers read (which the feedback decoder refuses), and was refused."""
+    proc = in_process("train", [a.format(**files, OUT=tmp_path / "out") for a in LM_TRAIN] + [
+        "--restore-file", files["LM_CKPT"], "--max-update", "2", "--arch", "feedback_lm_toy"])
+    ok(proc)
+    assert "Loaded checkpoint" in proc.stdout
+
+
 def test_the_half_precision_advice_works_on_the_cpu(files, tmp_path):
     """--fp16 trains on the CPU with --fp16-no-flatten-grads, and fairseq-eval-lm scores in float16 there."""
     train = in_process("train", [a.format(**files, OUT=tmp_path / "out") for a in LM_TRAIN] + [
@@ -225,6 +236,49 @@ def test_a_failed_generate_removes_the_results_file_it_wrote_and_only_that(files
     (results / "generate-test.txt").write_text("an earlier run's\n")
     assert in_process("generate", [*argv, "--beam", "0"]).returncode != 0
     assert (results / "generate-test.txt").read_text() == "an earlier run's\n"
+
+
+def test_a_full_disk_under_the_results_is_one_line_naming_results_path(files, tmp_path, monkeypatch):
+    """fairseq-generate's print() to its results file, refused as a full disk refuses it (the file opened
+    on /dev/full, which refuses every write so): `OSError: [Errno 28] No space left on device (in
+    fairseq_cli.generate ...)`, naming neither the results nor a fix."""
+    import fairseq_cli.generate
+
+    monkeypatch.setattr(fairseq_cli.generate, "open", lambda *args, **kwargs: open("/dev/full", "w", buffering=1),
+                        raising=False)
+    results = tmp_path / "results"
+    proc = in_process("generate", [a.format(**files) for a in GENERATE] + ["--results-path", results])
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert [line for line in proc.stderr.splitlines() if "error:" in line] == [
+        f"error: --results-path {results}: could not write its results: No space left on device: free some space, "
+        "or pass a path on another disk"]
+    assert not results.exists()  # the folder the run made, and nothing in it
+
+
+def test_a_full_disk_under_the_log_file_is_one_warning_and_the_run_goes_on(files, tmp_path, monkeypatch):
+    """/dev/full refuses every write, as a full disk does: Python's logging printed a traceback for each line
+    fairseq-train logged ("--- Logging error ---", 187 in a short run)."""
+    from fairseq.logging import progress_bar
+
+    from fairseq_feedback.fairseq_fixes import runs
+
+    monkeypatch.setattr(runs.LOG_FILE_HANDLERS, "refused", set())  # the files warned of in this process
+    loggers = (logging.getLogger("fairseq_cli.train"), progress_bar.logger)
+    try:
+        proc = in_process("train", [a.format(**files, OUT=tmp_path / "out") for a in LM_TRAIN]
+                          + ["--log-file", "/dev/full", "--max-update", "2"])
+    finally:  # fairseq's handlers outlive its main
+        for log in loggers:
+            for handler in [h for h in log.handlers if getattr(h, "baseFilename", None) == "/dev/full"]:
+                log.removeHandler(handler)
+                with contextlib.suppress(OSError):  # what it holds is refused again as it closes
+                    handler.close()
+    ok(proc)
+    assert "Logging error" not in proc.stderr, proc.stderr[-3000:]
+    assert [line.split(" | ")[-1] for line in proc.stdout.splitlines() if "--log-file /dev/full" in line] == [
+        "--log-file /dev/full: No space left on device: free some space, or pass a path on another disk; the run "
+        "goes on, its log no longer written there"]
+    assert "done training" in proc.stdout and (tmp_path / "out" / "checkpoint_last.pt").exists()
 
 
 # ---------------------------------------------------------------------- issue 54: what is read, and said

@@ -17,13 +17,15 @@ import pytest
 import torch
 from fairseq.optim import FP16Optimizer
 from helpers import make_dictionary, tiny_translation_model
+from torch.autograd import DeviceType
+from torch.autograd.profiler_util import FunctionEvent
 from torch.overrides import TorchFunctionMode
 from torch.utils._device import _device_constructors
 
 from fairseq_feedback.cuda_graphs import GraphFailure
 from fairseq_feedback.loop.passes import Passes
 from fairseq_feedback_cli import benchmark
-from fairseq_feedback_cli.benchmark import breakdown, graphs, measure, operators, rows, tables, workloads
+from fairseq_feedback_cli.benchmark import breakdown, graphs, measure, operators, profile, rows, tables, workloads
 from fairseq_feedback_cli.presets import PRESETS
 
 
@@ -225,6 +227,30 @@ def test_the_benchmark_counts_the_feedback_loop_as_a_gpu_replays_it():
     workloads.with_the_reference_loop(model)
     through_autograd, _ = operators.kernels_and_busy_share(model, work, 16, torch.device("cpu"))
     assert eager.count / 16 < replayed < 0.9 * through_autograd
+
+
+def test_a_kernels_shapes_are_its_operators_though_cuda_runtime_calls_share_the_operators_ids():
+    """A profile of a linear layer and a ReLU on a GPU, as the profiler lists it (by start time): its
+    operators numbered by the profiler (1-4), its runtime calls and kernels by CUDA (2-3, the counter
+    behind as views launch nothing), so that the launch of the ReLU's kernel has the number of addmm;
+    and a kernel replayed from a graph, which no operator launched."""
+    def event(id, name, start, end, device=DeviceType.CPU, linked=0, shapes=()):
+        return FunctionEvent(id=id, name=name, thread=1, start_us=start, end_us=end, input_shapes=list(shapes),
+                             device_type=device, linked_correlation_id=linked)
+
+    events = [event(1, "aten::linear", 0, 20, shapes=[[8, 64], [32, 64], [32]]),
+              event(2, "aten::t", 1, 2, shapes=[[32, 64]]),
+              event(3, "aten::addmm", 3, 19, shapes=[[32], [8, 64], [64, 32]]),
+              event(2, "cudaLaunchKernel", 10, 12, linked=3),
+              event(2, "ampere_sgemm_32x32_nn", 13, 18, DeviceType.CUDA, linked=3),
+              event(4, "aten::relu", 21, 30, shapes=[[8, 32]]),
+              event(3, "cudaLaunchKernel", 25, 27, linked=4),
+              event(3, "vectorized_elementwise_kernel", 28, 29, DeviceType.CUDA, linked=4),
+              event(9, "fused_feedback_step", 31, 35, DeviceType.CUDA)]
+    assert profile.kernels_and_their_shapes(events) == [
+        ("ampere_sgemm_32x32_nn", 5, "addmm 32, 8x64, 64x32"),
+        ("vectorized_elementwise_kernel", 1, "relu 8x32"),
+        ("fused_feedback_step", 4, "(replayed from a graph)")]
 
 
 def test_the_breakdown_adds_up_to_the_ops_per_step_column(capsys):

@@ -93,23 +93,33 @@ def test_the_cpu_clock_spreads_each_runs_cpu_seconds_over_its_updates(tmp_path, 
                {"epoch": 1, "num_updates": "200", "wall": "7200"},
                {"epoch": 1, "valid_loss": "2.5", "valid_num_updates": "200"}]
     log = write_log(tmp_path / "feedback_2" / "train.log", records)
-    (tmp_path / "feedback_2" / "cpu_seconds").write_text("3000.5 99.5\n3600 0\n")  # two processes: resumed
+    cpu_seconds = tmp_path / "feedback_2" / "cpu_seconds"
+    cpu_seconds.write_text("3000.5 99.5 120\n3600 0 80\n")  # two processes: resumed
     curves.main(["log", "--out", str(tmp_path / "c.png"), "--metric", "valid_loss", "--label", "valid bits per byte",
                  "--clock", "cpu", str(log)])
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "| model | updates | valid bits per byte | training hours (CPU) |"
     assert out[2] == "| feedback_2 | 200 | 2.50 | 1.86 |"  # 6,700 s, not the wall clock's 2 h
     assert curves.cpu_hours(str(log), curves.log_points(str(log), "valid_loss"))[0] == (100, 6700 / 2 / 3600, 3.1)
-    (tmp_path / "feedback_2" / "cpu_seconds").unlink()
+    # a process killed after 60 updates wrote no line: the others' rate stands for the whole run
+    cpu_seconds.write_text("3600 0 80\n")
+    assert curves.cpu_hours(str(log), curves.log_points(str(log), "valid_loss"))[1] == (200, 3600 / 80 * 200 / 3600, 2.5)
+    cpu_seconds.write_text("3000.5 99.5\n")  # the lines of an older script, without the updates
+    assert "lines of 'user system updates'" in curves_error("log", "--out", tmp_path / "c.png", "--metric",
+                                                            "valid_loss", "--clock", "cpu", log)
+    cpu_seconds.unlink()
     assert "--clock cpu reads" in curves_error("log", "--out", tmp_path / "c.png", "--metric", "valid_loss",
                                                "--clock", "cpu", log)
 
 
 def test_toy_curves_draw_every_model_however_many(tmp_path):
     """The figure once had four colours, and a fifth model was left out of it without a word."""
-    results = {f"model{i}": [evaluation("random_walk", 100, 0.1 * i, 0.05 * i, None)] for i in range(7)}
+    results = {f"model{i}": [evaluation("random_walk", 100, 0.07 * i, 0.05 * i, None)] for i in range(13)}
     fig = plots.toy_accuracy(results, "random_walk")
-    assert len({line.get_label().split(" (")[0] for line in fig.axes[0].get_lines()}) == 7
+    legend = [text.get_text() for text in fig.axes[0].get_legend().get_texts()]
+    assert legend == [*results, "acc", "episode_acc"]  # each model, then what the solid and dashed lines are
+    lines = fig.axes[0].get_lines()
+    assert len(lines) == 2 * 13 and len({line.get_color() for line in lines}) == 13  # told apart by colour
     plt.close(fig)
 
 
@@ -118,14 +128,15 @@ def test_the_price_of_each_run_its_cpu_seconds_and_the_operators_of_its_kind(tmp
     that feedback-benchmark counted for its kind, read from the configuration fairseq-train logged."""
     runs = {"exact": "'train_passes': 0, 'pass_group': 16, 'no_feedback': False",
             "passes_16x4": "'train_passes': 4, 'pass_group': 16, 'no_feedback': False",
-            "transformer": "'train_passes': 0, 'pass_group': 16, 'no_feedback': True"}
+            "transformer": "'train_passes': 0, 'pass_group': 16, 'no_feedback': True",
+            "passes_16x4_last": "'train_passes': 4, 'pass_group': 16, 'pass_gradients': last, 'no_feedback': False"}
     logs = []
-    for (name, config), value in zip(runs.items(), ("2.4", "2.5", "2.6")):
+    for (name, config), value in zip(runs.items(), ("2.4", "2.5", "2.6", "2.7")):
         log = tmp_path / name / "train.log"
         log.parent.mkdir()
         log.write_text("{'model': {" + config + "}}\n" + json.dumps({"valid_loss": value, "valid_num_updates": "100"})
                        + "\n")
-        (tmp_path / name / "cpu_seconds").write_text("150 50\n")
+        (tmp_path / name / "cpu_seconds").write_text("150 50 100\n")
         logs.append(str(log))
     benchmark = tmp_path / "lm.json"
     benchmark.write_text(json.dumps({"tables": {"lm": {"figures": {"ops/step": {
@@ -134,7 +145,8 @@ def test_the_price_of_each_run_its_cpu_seconds_and_the_operators_of_its_kind(tmp
                  str(benchmark), "--", *logs])
     out = capsys.readouterr().out.splitlines()
     assert out[2:] == ["| exact | 100 | 2.4000 | 2.00 | 136 |", "| passes_16x4 | 100 | 2.5000 | 2.00 | 70 |",
-                       "| transformer | 100 | 2.6000 | 2.00 | 60 |"]
+                       "| transformer | 100 | 2.6000 | 2.00 | 60 |",
+                       "| passes_16x4_last | 100 | 2.7000 | 2.00 |  |"]  # not what the benchmark's passes count
     assert (tmp_path / "price.png").read_bytes()[:4] == b"\x89PNG"
     assert "not a feedback-benchmark --json file" in curves_error("price", "--out", tmp_path / "p.png",
                                                                   "--benchmark", logs[0], "--", *logs)

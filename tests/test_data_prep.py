@@ -165,6 +165,59 @@ def test_missing_raw_file_is_named(tmp_path):
     assert "IWSLT14.TED.tst2011.de-en.en.xml" in message and "de-en.tgz" in message
 
 
+@pytest.mark.parametrize("bad,message", [
+    (b"\xe9t\xe9 ", "line 7: not UTF-8 (byte 0xe9 at byte 1 of the line), and this script reads UTF-8: convert it "
+                    "(iconv -t utf-8)"),
+    (text.BOM, "line 1: begins with a byte-order mark, which this script would read as part of its first word: "
+               "remove it (sed -i '1s/^\\xEF\\xBB\\xBF//' {path})"),
+])
+def test_raw_text_not_utf8_or_with_a_byte_order_mark_is_one_line(tmp_path, bad, message):
+    """The bytes were replaced without a word (exit status 0), and a byte-order mark went on as part of the
+    first word. (Read in a Pool: the next test.)"""
+    fx.write_iwslt(tmp_path / "raw")
+    train = tmp_path / "raw" / "de-en" / "train.tags.de-en.de"
+    raw_lines = train.read_bytes().split(b"\n")
+    at = 6 if bad != text.BOM else 0
+    raw_lines[at] = bad + raw_lines[at]
+    train.write_bytes(b"\n".join(raw_lines))
+    argv = ["--raw", tmp_path / "raw", *dirs(tmp_path), "--bpe-merges", 300]
+    assert script_error(iwslt, *argv) == f"error: {train}, {message.format(path=train)}"
+    assert not (tmp_path / "data-bin" / "out").exists()
+
+
+def read_all(path):
+    return list(text.read_lines(path))
+
+
+def test_a_failure_to_read_text_in_a_pool_ends_the_command_and_does_not_hang(tmp_path):
+    """fail()'s exit, raised in a Pool's worker or in the thread that feeds it, ended them silently and
+    left the pool waiting forever: read_lines' exit is an Exception too, which the pool passes on. (A
+    thread, so that a pool that waits fails the test after a minute instead of hanging it.)"""
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"good\nbad \xff\n")
+    for items, fn in (([bad], read_all), (text.read_lines(bad), str.upper)):  # in a worker; in the feeding thread
+        ended = {}
+
+        def consume():
+            try:
+                list(text.pmap(fn, items, 2, "read"))
+            except SystemExit as e:
+                ended["line"] = e.code
+
+        reader = threading.Thread(target=consume, daemon=True)
+        reader.start()
+        reader.join(60)
+        assert ended.get("line", "").startswith(f"error: {bad}, line 2: not UTF-8 (byte 0xff"), ended
+
+
+def test_bpe_merges_below_1_is_one_line_before_any_work(tmp_path):
+    """subword-nmt learnt 0 merges, then failed on the codes file it wrote."""
+    fx.write_iwslt(tmp_path / "raw")
+    assert script_error(iwslt, "--raw", tmp_path / "raw", *dirs(tmp_path), "--bpe-merges", 0) == \
+        "error: --bpe-merges must be at least 1, got 0"
+    assert not (tmp_path / "work").exists()
+
+
 @pytest.mark.parametrize("broken", ["a seg not closed", "a segment more in one language"])
 def test_test_sets_that_do_not_pair_up_are_named_and_nothing_is_written(tmp_path, broken):
     """A <seg> without its </seg> gave an empty German line paired with its English reference; a segment
@@ -439,6 +492,17 @@ def test_wikitext_counts_lines_and_tokens_as_fairseq(tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"lines: train {counts['train']:,}, valid {counts['valid']:,}, test {counts['test']:,}" in err
     assert f"tokens: train {tokens['train']:,}, valid {tokens['valid']:,}, test {tokens['test']:,}" in err
+
+
+def test_wikitext_with_a_byte_order_mark_is_one_line(tmp_path):
+    """fairseq-preprocess reads WikiText-103's files as they are, and made the mark a word of dict.txt."""
+    fx.write_wikitext(tmp_path / "raw")
+    train = tmp_path / "raw" / "wikitext-103" / "wiki.train.tokens"
+    train.write_bytes(text.BOM + train.read_bytes())
+    assert script_error(wiki, "--raw", tmp_path / "raw", *dirs(tmp_path)) == (
+        f"error: {train}, line 1: begins with a byte-order mark, which fairseq-preprocess would read as part of its "
+        f"first word: check the raw files it is made from, or remove it (sed -i '1s/^\\xEF\\xBB\\xBF//' {train})")
+    assert not (tmp_path / "data-bin" / "out").exists()
 
 
 def test_wikitext_missing_file_is_named(tmp_path):

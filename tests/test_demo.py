@@ -2,8 +2,10 @@
 checkpoints it evaluates and the commands it runs."""
 
 import os
+import sys
 
 import pytest
+from helpers import run, run_module
 
 from fairseq_feedback_cli import demo, plots
 from fairseq_feedback_cli.command_line import fail
@@ -74,8 +76,20 @@ def test_demo_checkpoints_and_commands(toy_model, tmp_path):
     assert "--no-feedback" in cmd and cmd[cmd.index("--max-update") + 1] == str(demo.CONFIG["updates"])
 
 
-@pytest.mark.slow
-def test_demo_data_is_the_generated_task_binarized_with_its_labels(tmp_path):
+def commands_in_this_process(cmd, log_path, env):
+    """demo.run_checked, with its `python -m MODULE ARGS` run in this process: fairseq-preprocess, or the module's
+    main; what it printed and logged goes to its log."""
+    python, option, module, *args = cmd
+    assert (python, option) == (sys.executable, "-m"), cmd
+    proc = run("preprocess", *args) if module == "fairseq_cli.preprocess" else run_module(module, *args)
+    with open(log_path, "w") as log:
+        log.write(proc.stdout + proc.stderr)
+
+
+@pytest.mark.parametrize("where", ["in this process", pytest.param("as processes", marks=pytest.mark.slow)])
+def test_demo_data_is_the_generated_task_binarized_with_its_labels(tmp_path, monkeypatch, where):
+    if where == "in this process":
+        monkeypatch.setattr(demo, "run_checked", commands_in_this_process)
     raw, data = demo.make_data(str(tmp_path / "data"), demo.TINY, demo.child_env(1))
     lines = {kind: (tmp_path / "data" / "raw" / "random_walk" / f"test.{kind}").read_text().splitlines()
              for kind in ("input", "labels")}

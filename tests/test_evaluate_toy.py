@@ -3,6 +3,7 @@
 import json
 import os
 import random
+import sys
 
 import pytest
 import torch
@@ -56,6 +57,19 @@ def test_a_perfect_and_a_wrong_predictions_file(tmp_path, task, capsys):
     assert result[token_metric] == pytest.approx((total - 4) / total)
     assert result[line_metric] == pytest.approx(4 / 6)
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])[token_metric] == result[token_metric]
+
+
+def test_the_console_script_scores_and_returns_nothing_for_its_exit_status(tmp_path, monkeypatch, capsys):
+    """feedback-evaluate-toy calls cli(): a console script exits with what its function returns, and
+    main's result, a dict, would be printed to stderr with exit status 1."""
+    raw = tt.write_task(str(tmp_path / "raw"), "random_walk", 1, {"train": 1, "valid": 1, "test": 3},
+                        episode_length=5)
+    labels = os.path.join(raw, "test.labels")
+    monkeypatch.setattr(sys, "argv", ["feedback-evaluate-toy", "--task", "random_walk", "--predictions", labels,
+                                      "--raw", labels])
+    assert evaluate_toy.cli() is None
+    token_metric, line_metric = METRICS["random_walk"]
+    assert f"{token_metric} 100.00  {line_metric} 100.00" in capsys.readouterr().out
 
 
 def test_bad_predictions_and_arguments_are_one_line(tmp_path):

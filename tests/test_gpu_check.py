@@ -5,10 +5,12 @@ and its exit status, which names a failing step and says when steps were skipped
 The whole run is made once, its fairseq and benchmark commands forked by the recipes' command
 server (tests/recipe_shims.py: torch and fairseq imported once, most of what a command costs at
 these sizes), its GPU tests a folder of three (the checkout's own take seconds to collect, and
-all skip on the CPU). The other tests run steps that stand in for the real ones, or a real step on
-a command's recorded output."""
+all skip on the CPU), in `make test-slow`. The other tests run steps that stand in for the real
+ones, a real step on a command's recorded output, or step 3d with its benchmark in this process;
+their commands, where they run any, are not Python."""
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -23,6 +25,7 @@ import torch
 import recipe_shims
 from helpers import ENV, run_module
 
+from fairseq_feedback_cli import benchmark
 from fairseq_feedback_cli.gpu_check import cli
 from fairseq_feedback_cli.gpu_check.check import NOT_MEASURED, REPO, Check, Command, Outcome, Step, StepFailed
 from fairseq_feedback_cli.gpu_check.gpu_tests import checkout_tests, gpu_tests
@@ -245,6 +248,42 @@ def test_step_3e_runs_the_model_in_passes_beside_exact_feedback_and_reports_ever
         "feedback_lm (passes 16x4) / fairseq 0.80.")
 
 
+def test_step_3d_on_the_cpu_gives_each_model_at_each_batch_and_the_profile_at_the_smallest_and_the_largest(tmp_path):
+    """Step 3d as `--device cpu --cuda-graphs emulate` runs it (--size tiny: feedback-benchmark --rows 2,8
+    in fp16), the benchmark run in this process: each model at each batch, the ratio at the fastest, and
+    exact feedback's training step profiled operator by operator at 2 and at 8 rows, in the report."""
+    args = argparse.Namespace(size="tiny", minutes=13.0, tolerance=None, device="cpu", cuda_graphs="emulate")
+    check = Check(args, str(tmp_path), str(tmp_path), {"device": "CPU: this one"}, ["feedback-gpu-check"])
+
+    def benchmark_in_this_process(command):
+        assert command.module == "fairseq_feedback_cli.benchmark"
+        with open(check.path("logs", command.log), "w") as log, contextlib.redirect_stdout(log):
+            benchmark.main([str(a) for a in command.args])
+
+    with mock.patch.object(check, "run", benchmark_in_this_process):
+        outcome = rows_sweep(check, "translation")
+    sweep, markdown = outcome.figures, "\n".join(outcome.markdown)
+    assert [batch["rows"] for batch in sweep["batches"]] == [2, 8]
+    assert sweep["models"] == ["transformer", "feedback_transformer"]
+    for batch in sweep["batches"]:
+        figures = batch["figures"]
+        assert figures["transformer"]["train tok/s"] > 0 and figures["feedback_transformer"]["graphs MB"] > 0
+        assert figures["transformer"]["peak MB"] is None  # torch.cuda's, on a GPU
+        for model in sweep["models"]:
+            assert f"| {batch['rows']} | {model} | " in markdown
+    best = sweep["best"]
+    assert best["feedback / fairseq"] == pytest.approx(
+        best["feedback_transformer"]["train tok/s"] / best["transformer"]["train tok/s"])
+    assert outcome.summary.startswith(f"each at its fastest batch, feedback / fairseq {best['feedback / fairseq']:.2f}")
+    assert set(sweep["profiles"]) == {"2", "8"}
+    for rows, table in sweep["profiles"].items():
+        assert table["kind"] == "operator" and table["rows"] and 0 < table["share"] <= 1
+        assert table["counted per step"] == pytest.approx(table["per step"], rel=0.02)
+        assert f"Where a training step of feedback_transformer at {rows} rows goes, operator by operator: " in markdown
+    assert markdown.count("| operator | per target step | us per target step | share | shapes |") == 2
+    assert f"| {NOT_MEASURED} |" in markdown  # peak MB
+
+
 @pytest.mark.slow
 def test_step_3e_runs_the_rows_sweep_of_docs_performance_md(checked):
     """The page's command, at the check's sizes and with its options (tiny,
@@ -344,12 +383,11 @@ def test_a_step_that_raises_is_a_failure_with_its_traceback_kept(tmp_path):
     assert report_of(tmp_path)["steps"][1]["status"] == "passed"
 
 
-@pytest.mark.slow
 def test_a_command_that_fails_fails_its_step_with_its_error_line_and_parts_not_asked_for_are_not_run(tmp_path):
     def runs_a_command(check):
         check.run(Command("fairseq_cli.train", ["data-bin"], "train.log"))
 
-    fails = [sys.executable, "-c", "import sys; print('warming up'); print('error: the GPU caught fire'); sys.exit(3)"]
+    fails = ["sh", "-c", "echo warming up; echo 'error: the GPU caught fire'; exit 3"]
     with mock.patch(LAUNCHER, lambda module: fails):
         proc = check_with([step("1", passes), step("2", runs_a_command)], tmp_path, "--parts", "2,3")
     assert proc.returncode == 1
@@ -361,7 +399,6 @@ def test_a_command_that_fails_fails_its_step_with_its_error_line_and_parts_not_a
     assert proc.returncode == 0 and [r["status"] for r in report_of(tmp_path)["steps"]] == ["not run", "passed"]
 
 
-@pytest.mark.slow
 def test_fairseq_train_runs_side_by_side_in_one_save_dir_are_refused_before_either_starts(tmp_path):
     """fairseq-train writes and removes checkpoints/dummy as it starts, --no-save or not: two runs side by
     side in one folder removed each other's, and one failed at random (FileNotFoundError)."""
@@ -374,7 +411,7 @@ def test_fairseq_train_runs_side_by_side_in_one_save_dir_are_refused_before_eith
                     for name in ("one", "two")])
         return Outcome("both ran")
 
-    passes_if_run = [sys.executable, "-c", "print('ran')"]
+    passes_if_run = ["sh", "-c", "echo ran"]
     with mock.patch(LAUNCHER, lambda module: passes_if_run):
         proc = check_with([step("1", trains_twice), step("2", trains_apart)], tmp_path)
     first, second = report_of(tmp_path)["steps"]
@@ -428,7 +465,6 @@ def test_a_loss_mismatch_or_graphs_that_did_not_run_fail_the_training_comparison
         compare_training(log(6.0, graphs=captured, scales=(128,)), log(6.0, scales=(64,)), 0.01)
 
 
-@pytest.mark.slow
 def test_too_few_updates_for_a_shape_to_come_twice_is_not_judged_rather_than_a_failure(tmp_path):
     """--updates 1 or 2 passed its checks, then always failed with "no graph was captured": a shape is
     captured at its second sighting, and no shape came twice. That is no failure of the graph path."""
@@ -437,7 +473,7 @@ def test_too_few_updates_for_a_shape_to_come_twice_is_not_judged_rather_than_a_f
     assert no_shape_repeated("\n".join(lines))
     assert not no_shape_repeated("graph cache | keys 2 | calls 3 | hits 0 | hit rate 0.0%")
     assert not no_shape_repeated("no line of the cache: its graphs were off")
-    every_block_new = [sys.executable, "-c", f"print({lines[0]!r})"]  # each command, fairseq-train's among them
+    every_block_new = ["sh", "-c", f"echo '{lines[0]}'"]  # each command, fairseq-train's among them
     with mock.patch(LAUNCHER, lambda module: every_block_new):
         proc = check_with([step("2", training_comparison)], tmp_path, "--updates", 1)
     assert proc.returncode == 2, proc.stderr

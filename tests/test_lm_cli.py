@@ -46,16 +46,30 @@ def test_eval_lm_carries_memory_so_the_block_length_does_not_matter(trained):
 def test_streams_left_empty_are_left_out_of_the_batches_with_a_warning(trained):
     """More streams than lines: the empty ones would only pad every batch (and
     100,000 of them ran out of memory); without them, the numbers are those of
-    any other count of streams that deals each line into a stream of its own."""
+    any other count of streams that deals each line into a stream of its own.
+    More streams asked for than tokens: refused before their layout, which is as
+    large as the streams asked for (10**9 took 8 GB before anything refused them)."""
     results = {}
-    for rows in (1000, 100_000):  # the test split's 20 lines, one stream each
+    for rows in (50, 80):  # the test split's 20 lines, one stream each (of 80 tokens or more)
         out = run("eval_lm", trained.data, "--task", "feedback_language_modeling", "--path",
                   trained.checkpoint, "--batch-size", rows, "--gen-subset", "test",
                   "--cpu").stdout
         results[rows] = last_number(r"Loss \(base 2\): ([\d.]+)", out)
-    assert "WARNING | fairseq_feedback.tasks.streams | test: 20 lines fill 20 of the 100000 streams asked for " \
+    assert "WARNING | fairseq_feedback.tasks.streams | test: 20 lines fill 20 of the 80 streams asked for " \
            "(--batch-size x workers); the empty ones are left out of the batches" in out
-    assert results[1000] == results[100_000]
+    assert results[50] == results[80]
+    # streams from a budget of tokens (--max-tokens; fairseq-eval-lm's 36,000 by default): no more than the tokens
+    test_tokens = sum(len(line.split()) + 1 for line in open(trained.corpus / "test.txt"))
+    out = run("eval_lm", trained.data, "--task", "feedback_language_modeling", "--path", trained.checkpoint,
+              "--max-tokens", 16_000, "--tokens-per-sample", 16, "--gen-subset", "test", "--cpu").stdout
+    assert f"test: 20 lines fill 20 of the {test_tokens} streams asked for" in out
+    assert last_number(r"Loss \(base 2\): ([\d.]+)", out) == results[50]
+    refused = run("eval_lm", trained.data, "--task", "feedback_language_modeling", "--path", trained.checkpoint,
+                  "--batch-size", 100_000, "--gen-subset", "test", "--cpu", check=False)
+    assert refused.returncode == 1 and refused.stderr.strip().splitlines()[-1].endswith(
+        "too few for the 100,000 streams asked for (--batch-size x workers), and its 20 lines fill 20 at most (a "
+        "stream starts at a line): pass a --batch-size (--batch-size-valid for validation) of 20 or less"), \
+        refused.stderr[-3000:]
 
 
 def test_sampling_through_interactive_and_the_hub(trained):

@@ -97,7 +97,6 @@ def broken_copy(raw: Path, tmp_path: Path, name: str, content: bytes) -> Path:
     return copy
 
 
-@pytest.mark.slow
 def test_de_en_bad_inputs_are_one_line_errors(tmp_path, de_en_raw):
     raw, _ = de_en_raw
     gimp = next(raw.glob("gimp-data_*.deb")).name
@@ -118,7 +117,11 @@ def test_de_en_bad_inputs_are_one_line_errors(tmp_path, de_en_raw):
     assert "holds no .deb or .mo/.po files" in script_error(de_en, "--raw", tmp_path / "empty", *dirs(tmp_path))
     assert "--test nosuch: no input comes from it; the inputs' source packages are coreutils gimp gnucash" in \
         script_error(de_en, "--raw", raw, *dirs(tmp_path), "--test", "nosuch")
-    # the command line: one line, no traceback
+
+
+@pytest.mark.slow
+def test_de_en_command_line_error_is_one_line_without_traceback(tmp_path):
+    (tmp_path / "empty").mkdir()
     proc = subprocess.run([sys.executable, "-m", "fairseq_feedback_cli.data_prep.prepare_debian_de_en",
                            "--raw", str(tmp_path / "empty"), "--dest", str(tmp_path / "d")],
                           cwd=REPO, capture_output=True, text=True)

@@ -22,7 +22,10 @@ parsing what each README's fairseq-train calls were given.
 
 The recipes run concurrently in the background, started when the first
 test of this file runs, their commands by one server that imported torch
-and fairseq once (tests/recipe_shims.py).
+and fairseq once (tests/recipe_shims.py). Each recipe's test is marked slow,
+as its shell starts the tools as processes; the checks of the READMEs' text
+and of the architectures' own options (Table 9's dropout, Figure 9's
+parameter counts) run in this process, in `make test`.
 """
 
 import json
@@ -45,8 +48,6 @@ from recipes import ENWIK8_SIZES, RECIPES, TABLE9, TABLE9_CHARACTERS, TABLE9_TOY
 
 import recipe_shims
 from fairseq_feedback_cli.toy.scoring import METRICS
-
-pytestmark = pytest.mark.slow  # the recipes' shells start the tools as processes
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE_TIMEOUT = 1200  # stops a hung recipe; the toy recipe passed 600 s on 2 cores shared with another run
@@ -219,6 +220,7 @@ def score_lines(output: str, pattern: str) -> List[float]:
 # ---------------------------------------------------------------- recipes
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["iwslt14_de_en"])
 def test_iwslt14_recipe(runs, name):
     run = runs[name]
@@ -240,6 +242,7 @@ def test_iwslt14_recipe(runs, name):
     assert score_lines(output, r"^BLEU = ([\d.]+) ") == pytest.approx(printed, abs=0.011) and len(printed) == 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["wmt14_en_de"])
 def test_wmt14_recipe(runs, name):
     run = runs[name]
@@ -264,6 +267,7 @@ def test_wmt14_recipe(runs, name):
     assert len(re.findall(r"sacreBLEU of 6 sentences; sacrebleu .*tok:13a", output)) == 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["cnn_dm"])
 def test_cnn_dm_recipe(runs, name):
     run = runs[name]
@@ -282,6 +286,7 @@ def test_cnn_dm_recipe(runs, name):
     assert len(re.findall(rf"over {run.counts['test']} summaries", output)) == 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["wikitext103"])
 def test_wikitext103_recipe(runs, name):
     run = runs[name]
@@ -391,6 +396,7 @@ def recipe_train_args(recipe):
     return shlex.split(re.search(r"^TRAIN_ARGS=\((.*?)\)$", "".join(blocks), flags=re.M | re.S).group(1))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["ablations"])
 def test_ablations_recipe(runs, name):
     run = runs[name]
@@ -423,6 +429,7 @@ def test_ablations_recipe(runs, name):
     assert len(perplexities) == len(WIKITEXT103_ABLATIONS) and all(math.isfinite(p) for p in perplexities)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["enwik8"])
 def test_enwik8_recipe(runs, name):
     run = runs[name]
@@ -443,6 +450,7 @@ def test_enwik8_recipe(runs, name):
     assert len(re.findall(r"Loss \(base 2\): [\d.]+ bits per byte \(the newlines not scored\), Perplexity", output)) == 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["char_ptb"])
 def test_char_ptb_recipe(runs, name):
     run = runs[name]
@@ -456,6 +464,7 @@ def test_char_ptb_recipe(runs, name):
     assert len(re.findall(r"Loss \(base 2\): [\d.]+ bits per character, Perplexity", output)) == 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["debian_de_en"])
 def test_debian_de_en_recipe(runs, name):
     run = runs[name]
@@ -475,6 +484,7 @@ def test_debian_de_en_recipe(runs, name):
     assert (run.work / "results" / "debian_de_en.png").stat().st_size > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["debian_docs"])
 def test_debian_docs_recipe(runs, name):
     run = runs[name]
@@ -502,6 +512,7 @@ TOY_TABLE1 = {"random_walk": 2, "algorithmic3": 3, "algorithmic5": 3, "copy": 2,
               "counting1k": 2}  # how many of TOY_MODELS each task trains
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["toy"])
 def test_toy_recipe(runs, name):
     run = runs[name]

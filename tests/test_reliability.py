@@ -6,11 +6,13 @@ one line; this plugin's, with its traceback) is told where it was raised,
 in a rank that fairseq spawned or a DataLoader worker too."""
 
 import functools
+import multiprocessing
 import os
 import shutil
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -20,6 +22,7 @@ from fairseq.data import Dictionary
 
 from fairseq_feedback.fairseq_fixes.checkpoints import checkpoint_to_resume
 from fairseq_feedback.fairseq_fixes.one_line import one_line
+from fairseq_feedback.fairseq_fixes.runs import held
 from fairseq_feedback.tasks.splits import monolingual_split
 
 # SGD and no dropout: parameters of two runs on the same batches are equal, not
@@ -95,6 +98,18 @@ def killed_run(translation_data, tmp_path_factory):
     return save_dir
 
 
+@pytest.fixture(scope="module")
+def cut_short(translation_data, tmp_path_factory):
+    """What killed_run leaves (test_a_killed_save_leaves_every_checkpoint_complete), made in this process for
+    the tests of what a run resumes from: the checkpoints of updates 3 and 6 complete, checkpoint_last.pt
+    still update 3's, as the kill during its copy of update 6's left it."""
+    save_dir = tmp_path_factory.mktemp("cut-short")
+    run("train", translation_data, *TRANSLATION, "--save-interval-updates", 3, "--max-update", 6,
+        "--save-dir", save_dir)
+    shutil.copyfile(save_dir / "checkpoint_1_3.pt", save_dir / "checkpoint_last.pt")
+    return save_dir
+
+
 def updates(path):
     return torch.load(path)["optimizer_history"][-1]["num_updates"]
 
@@ -115,14 +130,13 @@ def set_times_against_the_updates(save_dir):
 
 
 @pytest.mark.parametrize("last", ["behind", "missing"])
-@pytest.mark.slow
-def test_after_a_save_cut_short_training_resumes_from_the_furthest_complete_checkpoint(killed_run, translation_data,
+def test_after_a_save_cut_short_training_resumes_from_the_furthest_complete_checkpoint(cut_short, translation_data,
                                                                                         tmp_path, last):
     """The kill left checkpoint_last.pt at update 3 beside a complete copy of update 6; a disk that filled
     during a save left checkpoint_best.pt complete and checkpoint_last.pt missing, and the next run trained
     from scratch over checkpoint_best.pt. A run resumes from the complete checkpoint of the same run that
     records the most updates, whatever the files' times, and says so."""
-    shutil.copytree(killed_run, tmp_path, dirs_exist_ok=True)
+    shutil.copytree(cut_short, tmp_path, dirs_exist_ok=True)
     set_times_against_the_updates(tmp_path)
     if last == "missing":
         (tmp_path / "checkpoint_last.pt").unlink()
@@ -136,10 +150,9 @@ def test_after_a_save_cut_short_training_resumes_from_the_furthest_complete_chec
     assert "@ 6 updates" in proc.stdout and last_number(r"num_updates (\d+)", proc.stdout) == 8
 
 
-@pytest.mark.slow
-def test_a_truncated_checkpoint_last_is_passed_over_for_the_furthest_complete_one(killed_run, translation_data,
+def test_a_truncated_checkpoint_last_is_passed_over_for_the_furthest_complete_one(cut_short, translation_data,
                                                                                      tmp_path):
-    shutil.copytree(killed_run, tmp_path, dirs_exist_ok=True)
+    shutil.copytree(cut_short, tmp_path, dirs_exist_ok=True)
     set_times_against_the_updates(tmp_path)  # checkpoint_1_3.pt the newest file
     last = tmp_path / "checkpoint_last.pt"
     last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])
@@ -152,13 +165,12 @@ def test_a_truncated_checkpoint_last_is_passed_over_for_the_furthest_complete_on
     assert updates(last) == 8
 
 
-@pytest.mark.slow
-def test_a_save_dir_copied_with_cp_r_resumes_from_checkpoint_last(killed_run, translation_data, tmp_path):
+def test_a_save_dir_copied_with_cp_r_resumes_from_checkpoint_last(cut_short, translation_data, tmp_path):
     """A finished run's folder, copied with cp -r (new times, in copy order): a checkpoint_best.pt of update 3
     came out newer than checkpoint_last.pt of update 6, and the run resumed from update 3 with a warning, then
     wrote over checkpoint_last.pt. It resumes from checkpoint_last.pt, without a word, as fairseq does."""
     finished = tmp_path / "finished"
-    shutil.copytree(killed_run, finished)
+    shutil.copytree(cut_short, finished)
     shutil.copyfile(finished / "checkpoint_1_6.pt", finished / "checkpoint_last.pt")
     shutil.copyfile(finished / "checkpoint_1_3.pt", finished / "checkpoint_best.pt")
     subprocess.run(["cp", "-r", finished, tmp_path / "copy"], check=True)
@@ -189,10 +201,9 @@ def test_a_run_abandoned_for_an_earlier_checkpoint_is_not_resumed_however_far_it
     assert checkpoint_to_resume(str(tmp_path)).path == str(tmp_path / "checkpoint_1_40.pt")
 
 
-@pytest.mark.slow
-def test_a_truncated_checkpoint_last_alone_is_one_line(killed_run, translation_data, tmp_path):
+def test_a_truncated_checkpoint_last_alone_is_one_line(cut_short, translation_data, tmp_path):
     last = tmp_path / "checkpoint_last.pt"
-    last.write_bytes((killed_run / "checkpoint_last.pt").read_bytes()[:1000])
+    last.write_bytes((cut_short / "checkpoint_last.pt").read_bytes()[:1000])
     proc = run("train", translation_data, *TRANSLATION, "--max-update", 8, "--save-dir", tmp_path, check=False)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert error_lines(proc) == [f"error: {tmp_path} holds checkpoints of an earlier run (checkpoint_last.pt), none "
@@ -233,37 +244,36 @@ def test_a_save_the_system_refuses_is_one_line_leaves_no_partial_file_and_the_ne
 
 # ------------------------------------------------- interrupted and concurrent runs
 
-HOLDING = """
-import sys, time
-from fairseq_feedback.fairseq_fixes.runs import held
-
-with held(sys.argv[1], sys.argv[2]):
-    print("held", flush=True)
-    time.sleep(600)
-"""
+def hold(folder, option, holding):
+    """As a run holds its folder: until killed."""
+    with held(str(folder), option):
+        holding.set()
+        time.sleep(600)
 
 
 @pytest.mark.parametrize("tool", ["train", "generate"])
-@pytest.mark.slow
 def test_a_folder_in_use_by_a_running_job_is_refused_until_the_job_ends_however_it_ends(
-        killed_run, translation_data, tmp_path, tool):
+        cut_short, translation_data, tmp_path, tool):
     """Two runs into one --save-dir (or --results-path) both ended with exit status 0, their checkpoints
-    (or results) mixed. The folder is held by a lock the system releases when the holder dies, kill -9 too."""
+    (or results) mixed. The folder is held by a lock the system releases when the holder dies, kill -9 too
+    (the holder a process forked from this one)."""
     folder = tmp_path / "shared"
     option = "--save-dir" if tool == "train" else "--results-path"
     args = ([translation_data, *TRANSLATION, "--max-update", 2] if tool == "train" else
-            [translation_data, "--path", killed_run / "checkpoint_1_6.pt", "--batch-size", 4])
-    holder = subprocess.Popen([sys.executable, "-c", HOLDING, str(folder), option], env=ENV, stdout=subprocess.PIPE,
-                              text=True)
+            [translation_data, "--path", cut_short / "checkpoint_1_6.pt", "--batch-size", 4])
+    fork = multiprocessing.get_context("fork")
+    holding = fork.Event()
+    holder = fork.Process(target=hold, args=(folder, option, holding))
+    holder.start()
     try:
-        assert holder.stdout.readline() == "held\n"
+        assert holding.wait(60)
         proc = run(tool, *args, option, folder, check=False)
         assert error_lines(proc) == [f"error: {option} {folder} is in use by another run, which has not ended: wait "
                                      f"for it, or pass another {option}"]
         assert os.listdir(folder) == []
     finally:
         holder.kill()
-        holder.wait()
+        holder.join()
     run(tool, *args, option, folder)
 
 
@@ -331,8 +341,7 @@ def test_ctrl_c_in_a_tool_that_trains_nothing_speaks_of_that_tool(monkeypatch, t
 
 @pytest.mark.parametrize("what", ["a link to nothing", "a file"])
 @pytest.mark.parametrize("tool", ["train", "generate"])
-@pytest.mark.slow
-def test_a_destination_that_cannot_be_a_folder_is_one_line_before_any_work(killed_run, translation_data, tmp_path,
+def test_a_destination_that_cannot_be_a_folder_is_one_line_before_any_work(cut_short, translation_data, tmp_path,
                                                                            tool, what):
     folder = tmp_path / "out"
     if what == "a file":
@@ -341,7 +350,7 @@ def test_a_destination_that_cannot_be_a_folder_is_one_line_before_any_work(kille
         os.symlink(tmp_path / "nowhere", folder)
     option = "--save-dir" if tool == "train" else "--results-path"
     args = ([translation_data, *TRANSLATION, "--max-update", 2] if tool == "train" else
-            [translation_data, "--path", killed_run / "checkpoint_1_6.pt"])
+            [translation_data, "--path", cut_short / "checkpoint_1_6.pt"])
     proc = run(tool, *args, option, folder, check=False)
     assert error_lines(proc) == [f"error: {option} {folder} is {what}, not a folder: pass a folder"]
     assert "Start iterating" not in proc.stdout and not (tmp_path / "nowhere").exists()

@@ -218,6 +218,10 @@ def test_score_errors_are_one_line(tmp_path):
     assert "no references" in error_of(score, "--metric", "bleu", "--gen", no_targets)
     (tmp_path / "latin1.txt").write_bytes("caf\xe9\n".encode("latin-1"))
     assert "not UTF-8" in error_of(score, "--metric", "bleu", "--hyp", tmp_path / "latin1.txt", "--ref", one)
+    # sacremoses detokenized by no language's rules, without a word, for a code it does not know: a BLEU all the same
+    assert error_of(score, "--metric", "sacrebleu", "--gen", gen, "--detokenize", "xx").startswith(
+        "error: --detokenize xx is not a language Moses knows: pass the code of the hypotheses' language, one of as, "
+        "bn, ca, cs, de, el, en, ")
 
 
 @pytest.mark.slow

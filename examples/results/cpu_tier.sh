@@ -85,17 +85,23 @@ log() { echo "[cpu_tier $(date +%H:%M:%S)] $*"; }
 
 # train NAME DATA UPDATES ARGS...: fairseq-train into $OUT/NAME; continues from
 # its last checkpoint; a finished run (the marker `trained`) is left alone,
-# since fairseq would train one update more. Each process adds its CPU seconds
-# (user and system) to cpu_seconds: a clock that other work on the machine
-# does not stop, where fairseq's wall clock counts the time others took.
+# since fairseq would train one update more. Each process adds a line to
+# cpu_seconds: its CPU seconds (user and system; a clock that other work on the
+# machine does not stop, where fairseq's wall clock counts the time others
+# took) and the updates it trained. A killed process writes none (bash's `time`
+# reports only a process that ends), so a run's CPU time is its recorded
+# processes' seconds per update times its updates: an estimate where one was killed.
 train() {
-    local name=$1 data=$2 updates=$3 save=$OUT/$1 TIMEFORMAT="%U %S"
+    local name=$1 data=$2 updates=$3 save=$OUT/$1 TIMEFORMAT="%U %S" resumed
     [ -f "$save/trained" ] && return 0
     mkdir -p "$save"
     log "training $name ($updates updates)"
     # shellcheck disable=SC2068  # the size and option strings split into words on purpose
     { time fairseq-train "$data" "${COMMON[@]}" ${@:4} --max-update "$updates" --save-dir "$save" \
-        --log-file "$save/train.log" > "$save/train.out" 2>&1; } 2>> "$save/cpu_seconds"
+        --log-file "$save/train.log" > "$save/train.out" 2>&1; } 2> "$save/cpu_seconds.tmp"
+    resumed=$(grep -o "Loaded checkpoint .* @ [0-9]* updates" "$save/train.out" | grep -o "[0-9]* updates$" | cut -d' ' -f1 || true)
+    echo "$(cat "$save/cpu_seconds.tmp") $((updates - ${resumed:-0}))" >> "$save/cpu_seconds"
+    rm "$save/cpu_seconds.tmp"
     date -u +%FT%TZ > "$save/trained"
 }
 
@@ -222,17 +228,40 @@ bpb_of() {  # bpb_of CHECKPOINT SPLIT: the number of its bits_per_byte line, com
     grep -o "Loss (base 2): [0-9.]*" "${1%.pt}.$2.bpb" | awk '{print $4}'
 }
 
-depth_rows() {  # depth_rows RUN...: each run at its last update, then at the CPU time the quickest run took
-    local run fastest updates checkpoint
-    local -A cpu
+cpu_of() {  # cpu_of RUN: its CPU seconds for its updates (train's rule: its recorded processes' per update)
+    awk -v n="$DEPTH_UPDATES" '{s += $1 + $2; u += $3} END {print s / u * n}' "$1/cpu_seconds"
+}
+
+depth_rows() {  # depth_rows RUN...: each run at its last update, then the mean and range across seeds
+    local run
     echo "| model | parameters | updates | CPU hours | valid bpb | test bpb |"
     echo "| --- | ---: | ---: | ---: | ---: | ---: |"
     for run in "$@"; do
-        cpu[$run]=$(awk '{s += $1 + $2} END {print s}' "$run/cpu_seconds")
         echo "| $(basename "$run") | $(grep -o "model params: [0-9,]*" "$run/train.out" | head -n 1 | cut -d' ' -f3) |" \
-            "$DEPTH_UPDATES | $(awk -v s="${cpu[$run]}" 'BEGIN {printf "%.2f", s / 3600}') |" \
+            "$DEPTH_UPDATES | $(awk -v s="$(cpu_of "$run")" 'BEGIN {printf "%.2f", s / 3600}') |" \
             "$(bpb_of "$run/checkpoint_last.pt" valid) | $(bpb_of "$run/checkpoint_last.pt" test) |"
     done
+    echo
+    echo "Across seeds, at $DEPTH_UPDATES updates: the mean, and the range from the lowest to the highest"
+    echo
+    echo "| model | seeds | valid bpb | test bpb |"
+    echo "| --- | ---: | ---: | ---: |"
+    for run in "$@"; do
+        echo "$(basename "$run" | sed -E 's/_seed[0-9]+$//') $(bpb_of "$run/checkpoint_last.pt" valid)" \
+            "$(bpb_of "$run/checkpoint_last.pt" test)"
+    done | awk '{n[$1]++; v[$1] += $2; t[$1] += $3
+                 if (!($1 in vlo) || $2 < vlo[$1]) vlo[$1] = $2; if ($2 > vhi[$1]) vhi[$1] = $2
+                 if (!($1 in tlo) || $3 < tlo[$1]) tlo[$1] = $3; if ($3 > thi[$1]) thi[$1] = $3}
+                END {for (m in n) printf "| %s | %d | %.4f (%.4f-%.4f) | %.4f (%.4f-%.4f) |\n", m, n[m],
+                     v[m] / n[m], vlo[m], vhi[m], t[m] / n[m], tlo[m], thi[m]}' | sort
+}
+
+# equal_cpu_rows RUN...: each run's last checkpoint within the CPU time the quickest run took (Figure 9's
+# question: depth at equal compute; a run in passes saves its steps on a GPU, not on one CPU thread)
+equal_cpu_rows() {
+    local run fastest updates checkpoint
+    local -A cpu
+    for run in "$@"; do cpu[$run]=$(cpu_of "$run"); done
     fastest=$(printf '%s\n' "${cpu[@]}" | sort -g | head -n 1)
     echo
     echo "At the CPU time of the quickest: the last checkpoint of each within $fastest s (CPU time spread evenly over updates)"
@@ -250,19 +279,6 @@ depth_rows() {  # depth_rows RUN...: each run at its last update, then at the CP
         fi
         echo "| $(basename "$run") | $updates | $(bpb_of "$checkpoint" valid) | $(bpb_of "$checkpoint" test) |"
     done
-    echo
-    echo "Across seeds, at $DEPTH_UPDATES updates: the mean, and the range from the lowest to the highest"
-    echo
-    echo "| model | seeds | valid bpb | test bpb |"
-    echo "| --- | ---: | ---: | ---: |"
-    for run in "$@"; do
-        echo "$(basename "$run" | sed -E 's/_seed[0-9]+$//') $(bpb_of "$run/checkpoint_last.pt" valid)" \
-            "$(bpb_of "$run/checkpoint_last.pt" test)"
-    done | awk '{n[$1]++; v[$1] += $2; t[$1] += $3
-                 if (!($1 in vlo) || $2 < vlo[$1]) vlo[$1] = $2; if ($2 > vhi[$1]) vhi[$1] = $2
-                 if (!($1 in tlo) || $3 < tlo[$1]) tlo[$1] = $3; if ($3 > thi[$1]) thi[$1] = $3}
-                END {for (m in n) printf "| %s | %d | %.4f (%.4f-%.4f) | %.4f (%.4f-%.4f) |\n", m, n[m],
-                     v[m] / n[m], vlo[m], vhi[m], t[m] / n[m], tlo[m], thi[m]}' | sort
 }
 
 # --- Table 1: toy tasks ---------------------------------------------------------------------------
@@ -407,6 +423,7 @@ logs_of() { local run; for run in "$@"; do echo "$run/train.log"; done; }
     if [ -n "$depth" ]; then
         echo "## Figure 9 at CPU scale: depth at constant parameters (the Debian manuals as bytes)"
         depth_rows $depth
+        equal_cpu_rows $depth
         python -m fairseq_feedback_cli.curves log --out "$OUT/plots/depth.png" --metric valid_loss \
             --label "valid bits per byte" --clock cpu --title "Debian manuals as bytes: depth at constant parameters" \
             $(logs_of $depth) > /dev/null
@@ -436,7 +453,7 @@ logs_of() { local run; for run in "$@"; do echo "$run/train.log"; done; }
             echo
             passes_gap "$run"
         done
-        walks=$(for setting in $PASSES; do runs_of "toy/random_walk/feedback_$setting*"; done)
+        walks=$(runs_of "toy/random_walk/feedback_*x[0-9]*")  # PASSES' and PASSES_WALK_MORE's
         if [ -n "$walks" ]; then
             echo "## Training in passes: the random walk (test set; exact: feedback, Transformer: transformer)"
             python -m fairseq_feedback_cli.curves toy --out "$OUT/plots/passes" $(runs_of "toy/random_walk/feedback") \

@@ -80,8 +80,8 @@ SILENT_RANGES = {
     # the criterion (a label smoothing of 1 makes every target uniform)
     "label_smoothing": PROBABILITY,
     "ignore_prefix_size": AT_LEAST_0,
-    # generation and scoring
-    "softmax_batch": AT_LEAST_1,
+    # generation and scoring (--temperature: fairseq checks it after --sampling's --nbest, as it builds the search)
+    "softmax_batch": AT_LEAST_1, "temperature": ABOVE_0,
     **dict.fromkeys(("max_len_a", "min_len", "no_repeat_ngram_size", "prefix_size", "context_window", "buffer_size"),
                     AT_LEAST_0),
     **dict.fromkeys(("sampling_topk", "diverse_beam_groups"), {**AT_LEAST_1, "off": -1}),

@@ -16,7 +16,8 @@ everywhere, since fairseq's data classes fail without it in any program:
 - --log-file adds a handler to the log of fairseq's progress bars at every
   training epoch, so each line reached the file once per epoch trained so far
   (no fairseq issue names it; it came with --log-file, fairseq commit
-  da0432a3): a file already written to gets no second handler.
+  da0432a3): a second handler of a file goes, and one the system stops
+  taking (a full disk) is one warning, not a traceback per line (runs.py).
 - batch_by_size drops the last batch when it holds fewer sentences than
   --required-batch-size-multiple (8 by default): fairseq-generate leaves
   test sentences out of its score without a word, and training skips them
@@ -64,7 +65,6 @@ import atexit
 import contextlib
 import copy
 import functools
-import logging
 import os
 import queue
 import sys
@@ -79,7 +79,6 @@ from fairseq import checkpoint_utils
 from fairseq.data import data_utils, iterators, language_pair_dataset, token_block_dataset
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.distributed import utils as distributed_utils
-from fairseq.logging import progress_bar
 from omegaconf import open_dict
 
 from ..safe_checkpoints import allow_fairseq_checkpoints
@@ -87,7 +86,7 @@ from .binarized_files import check_binarized
 from .checkpoints import AtomicCopyPathManager, loaded_in_one_line, resume_from_a_complete_checkpoint, saved_whole
 from .command_line import check_generate, check_tool
 from .one_line import one_line
-from .runs import held, is_rank_zero, results_moved_into_place, sigterm_as_ctrl_c_in_every_process
+from .runs import LOG_FILE_HANDLERS, held, is_rank_zero, results_moved_into_place, sigterm_as_ctrl_c_in_every_process
 
 
 def in_a_fairseq_tool() -> bool:
@@ -123,7 +122,8 @@ def apply() -> None:
     give_fairseq_numpy_1_names()
     silence_hydra_deprecations()
     allow_fairseq_checkpoints()
-    _patch(progress_bar, "progress_bar", _one_handler_per_log_file)
+    for log in LOG_FILE_HANDLERS.loggers:  # those --log-file writes to; once, however often applied
+        log.addFilter(LOG_FILE_HANDLERS)
     _patch(data_utils, "batch_by_size", _keep_every_sentence)
     # save_checkpoint copies with the PathManager of its module: only checkpoints change
     checkpoint_utils.PathManager = AtomicCopyPathManager
@@ -221,18 +221,6 @@ def _keep_every_sentence(batch_by_size):
         return batches
 
     return batches_of_all
-
-
-def _one_handler_per_log_file(make_progress_bar):
-    @functools.wraps(make_progress_bar)
-    def without_a_second_handler(*args, log_file=None, **kwargs):
-        if log_file is not None and any(isinstance(handler, logging.FileHandler)
-                                        and handler.baseFilename == os.path.abspath(log_file)
-                                        for handler in progress_bar.logger.handlers):
-            log_file = None
-        return make_progress_bar(*args, log_file=log_file, **kwargs)
-
-    return without_a_second_handler
 
 
 def _checked_first(function, check):

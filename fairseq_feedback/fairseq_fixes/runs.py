@@ -18,20 +18,25 @@ failed, after the work (a link to nothing, a read-only disk); and a kill
   they were.
 - `sigterm_as_ctrl_c_in_every_process`: a kill ends a run as Ctrl-C does,
   and one_line.py names an interruption in one line.
+- `LOG_FILE_HANDLERS`: a --log-file written once per line, and one the
+  system stops taking (a full disk) one warning, the run going on.
 """
 
 import contextlib
 import copy
 import fcntl
+import functools
+import logging
 import os
 import shutil
 import signal
+import sys
 import tempfile
 from typing import Iterator
 
 from omegaconf import open_dict
 
-from ..errors import PATH_FIXES, FeedbackUsageError
+from ..errors import PATH_FIXES, FeedbackUsageError, refused_write
 
 
 @contextlib.contextmanager
@@ -85,6 +90,11 @@ def results_moved_into_place(cfg) -> Iterator[object]:
         yield staged
         if os.path.exists(os.path.join(partial, name)):
             os.replace(os.path.join(partial, name), os.path.join(folder, name))
+    except OSError as e:  # fairseq's print() to the results refused (a full disk): no file named, no fix
+        if e.filename is not None or refused_write(e) is None:  # a path the system refused is named by it
+            raise
+        raise FeedbackUsageError(f"--results-path {folder}: could not write its results: {e.strerror}: "
+                                 f"{PATH_FIXES[e.errno]}") from None
     finally:
         shutil.rmtree(partial, ignore_errors=True)
 
@@ -104,3 +114,43 @@ def sigterm_as_ctrl_c_in_every_process() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+class _LogFileHandlers(logging.Filter):
+    """On the loggers fairseq-train's --log-file writes to, as a record passes, before it is written:
+    a second handler of a file goes (fairseq adds one to the progress bars' logger at every epoch, and
+    each line reached the file once per epoch so far), and each handler takes a write the system
+    refuses (a full disk) as one warning, then writes no more and the run goes on (Python's logging
+    printed a traceback for each line: "--- Logging error ---", 187 in a short run, exit status 0)."""
+
+    def __init__(self, *loggers):
+        super().__init__()
+        self.loggers, self.refused = loggers, set()  # the files warned of
+
+    def filter(self, record) -> bool:
+        for log in self.loggers:
+            files = set()
+            for handler in [handler for handler in log.handlers if isinstance(handler, logging.FileHandler)]:
+                if handler.baseFilename in files:
+                    log.removeHandler(handler)
+                    handler.close()
+                else:
+                    files.add(handler.baseFilename)
+                    handler.handleError = functools.partial(self._write_refused, handler)
+        return True
+
+    def _write_refused(self, handler, record) -> None:
+        refused = refused_write(sys.exc_info()[1])
+        if refused is None:  # not the system's refusal (a record that cannot be formatted): Python's traceback
+            return logging.Handler.handleError(handler, record)
+        handler.setLevel(logging.CRITICAL + 1)  # no more lines to refuse
+        if handler.baseFilename not in self.refused:
+            self.refused.add(handler.baseFilename)
+            logging.getLogger(__name__).warning(f"--log-file {handler.baseFilename}: {refused.strerror}: "
+                                                f"{PATH_FIXES[refused.errno]}; the run goes on, its log no longer "
+                                                "written there")
+
+
+# the progress bars' logger takes the name of what it logs ("train", "valid") as it logs it
+LOG_FILE_HANDLERS = _LogFileHandlers(logging.getLogger("fairseq_cli.train"),
+                                     logging.getLogger("fairseq.logging.progress_bar"))

@@ -18,7 +18,7 @@ from fairseq.models import MODEL_REGISTRY
 from ..errors import FeedbackUsageError
 from ..models.feedback_config import may_change_on_resume
 from ..models.plugin_model import model_class
-from ..option_ranges import check_ranges, flag, number
+from ..option_ranges import check_ranges, check_types, flag, number
 from .binarized_files import language_pair
 from .checkpoints import checkpoint_to_resume, recorded_configuration
 from .model_overrides import check_overridden_model
@@ -72,6 +72,7 @@ MAY_CHANGE = {
     "encoder_layerdrop", "decoder_layerdrop", "quant_noise_pq", "quant_noise_pq_block_size", "quant_noise_scalar",
     "checkpoint_activations", "offload_activations", "min_params_to_wrap",
     "tpu", "max_source_positions", "max_target_positions", "tokens_per_sample",
+    "base_shuffle",  # read by BASE layers alone: 1 by default, 0 as an --arch of transformer_lm's sets it
 } | may_change_on_resume()
 # Options that fairseq's build_model overwrites from another one when that one is set (so a checkpoint
 # records what the command line did not say): compared through the other.
@@ -108,11 +109,14 @@ def other_model(model, a, b):
     (recorded by checkpoints, or a command line's) make other models, as two
     command-line fragments, one for each; None when they make one model
     (they differ at most in what MAY_CHANGE)."""
-    differ = [(name, option(a, name), option(b, name)) for name in sorted(model_options(model) - MAY_CHANGE)
+    differ = [(name, option(a, name), option(b, name)) for name in sorted(model_options(model).keys() - MAY_CHANGE)
               if not (name in DERIVED and any(option(options, DERIVED[name], None) for options in (a, b)))]
     differ = [(name, x, y) for name, x, y in differ if MISSING not in (x, y) and not _same(x, y)]
     if not differ:
         return None
+    archs = ("arch", option(a, "_name"), option(b, "_name"))  # fairseq's configurations name the --arch so
+    if MISSING not in archs and archs[1] != archs[2]:  # first: it set the others, unless the command line did
+        differ.insert(0, archs)
     return (" ".join(f"{flag(name)} {x}" for name, x, _ in differ),
             " ".join(f"{flag(name)} {y}" for name, _, y in differ))
 
@@ -170,6 +174,8 @@ def check_overrides(cfg, recorded, checkpoint) -> None:
     if unknown:
         raise FeedbackUsageError(f"--model-overrides names {', '.join(unknown)}, which {checkpoint} does not record "
                                  "(fairseq would ignore it): name options as its configuration does, as 'dropout'")
+    trained = model_class(recorded.model)
+    check_types(overrides, model_options(trained) if trained is not None else {})
     check_ranges(types.SimpleNamespace(**overrides), {**MODEL_RANGES, **SILENT_RANGES, **LATE_RANGES})
     changed = [(name, option(recorded.model, name), value) for name, value in overrides.items()
                if name not in MAY_CHANGE]
@@ -214,11 +220,11 @@ def _same(a, b) -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def model_options(model) -> frozenset:
-    """The names of a model class's options, as its add_args declares them."""
+def model_options(model) -> dict:
+    """{name: argparse's action} of a model class's options, as its add_args declares them."""
     parser = argparse.ArgumentParser(add_help=False)
     model.add_args(parser)
-    return frozenset(action.dest for action in parser._actions)
+    return {action.dest: action for action in parser._actions}
 
 
 def _model_name(model) -> str:

@@ -183,6 +183,10 @@ class FeedbackLanguageModelingTask(AdaptiveSpanLossMixin, LanguageModelingTask):
         for block_length in self.block_schedule.lengths():
             check_block(block_length, max_positions)
         rows = max_sentences or max(1, (max_tokens or self.args.tokens_per_sample) // self.args.tokens_per_sample)
+        if max_sentences is not None:
+            check_streams(dataset, rows * num_shards, num_shards)
+        else:  # a budget of tokens (--max-tokens) asks for no more streams than the split has tokens
+            rows = min(rows, max(1, int(dataset.sizes.sum()) // num_shards))
 
         def streams_in(block_length, offset):
             return dataset.blocks(block_length, self.source_dictionary, self.output_dictionary, self.args.ignore_label,
@@ -221,6 +225,17 @@ def check_block(block_length, max_positions) -> None:
     if max_positions is not None and block_length > max_positions:
         raise FeedbackUsageError(f"--tokens-per-sample {block_length} is longer than the model allows ({max_positions}): "
                                  "use shorter blocks")
+
+
+def check_streams(dataset, streams, num_shards) -> None:
+    """More streams asked for (--batch-size) than the split has tokens, refused before their layout,
+    which is as large as the streams asked for (10**9 took 8 GB before anything refused them)."""
+    tokens = int(dataset.sizes.sum())
+    if streams > tokens:
+        raise FeedbackUsageError(
+            f"{dataset.name} holds {tokens:,} tokens, too few for the {streams:,} streams asked for (--batch-size x "
+            f"workers), and its {len(dataset):,} lines fill {len(dataset):,} at most (a stream starts at a line): "
+            f"pass a --batch-size (--batch-size-valid for validation) of {max(1, len(dataset) // num_shards):,} or less")
 
 
 def recorded_settings(data: str) -> dict:

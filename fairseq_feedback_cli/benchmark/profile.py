@@ -46,15 +46,8 @@ def where_the_time_goes(model, work, steps_per_call: int, device: torch.device) 
             synchronize()
             wall_us = (time.perf_counter() - start) * 1e6
     events = prof.events()
-    if gpu:  # CUDA only: the kernels, and the operators that launched them
-        launched_by = {e.id: e for e in events if e.device_type == DeviceType.CPU}
-        timed = []
-        for e in events:
-            if e.device_type == DeviceType.CUDA:
-                op = launched_by.get(e.linked_correlation_id)
-                shapes = "(replayed from a graph)" if op is None else \
-                    f"{op.name.replace('aten::', '')} {shapes_text(op.input_shapes)}"
-                timed.append((e.name, e.time_range.elapsed_us(), shapes))
+    if gpu:
+        timed = kernels_and_their_shapes(events)
         counted_per_step = len(timed) / steps_per_call
         busy = busy_share([(e.time_range.start, e.time_range.end) for e in events
                            if e.device_type == DeviceType.CUDA], wall_us)
@@ -71,6 +64,23 @@ def where_the_time_goes(model, work, steps_per_call: int, device: torch.device) 
                  for e in events if e.name in names and outermost(e)]
     return {**profile_table(timed, steps_per_call, wall_us, "kernel" if gpu else "operator"),
             "counted per step": counted_per_step, "busy": busy}
+
+
+def kernels_and_their_shapes(events) -> list:
+    """(name, microseconds, shapes) of each CUDA kernel among a profile's events: the shapes of the
+    operator that launched it (the one its record links to), or "(replayed from a graph)" where none did."""
+    # Operators link to nothing. A CUDA runtime call (cudaLaunchKernel) is a CPU event too, but linked to
+    # its operator as its kernel is, and its id is CUDA's correlation id, another counter than the
+    # operators': among them, it would pass for the operator that has its number
+    operators = {e.id: e for e in events if e.device_type == DeviceType.CPU and e.linked_correlation_id == 0}
+    kernels = []
+    for e in events:
+        if e.device_type == DeviceType.CUDA:
+            op = operators.get(e.linked_correlation_id)
+            shapes = "(replayed from a graph)" if op is None else \
+                f"{op.name.replace('aten::', '')} {shapes_text(op.input_shapes)}"
+            kernels.append((e.name, e.time_range.elapsed_us(), shapes))
+    return kernels
 
 
 def profile_table(timed, steps_per_call: int, wall_us: float, kind: str) -> dict:

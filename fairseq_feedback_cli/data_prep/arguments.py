@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from fairseq_feedback_cli.command_line import ArgumentParser, command, fail
+from fairseq_feedback_cli.command_line import ArgumentParser, check_at_least, command, fail
 from fairseq_feedback_cli.machine import CORES, check_within, cores
 from fairseq_feedback_cli.outputs import check_destination
 
@@ -42,5 +42,6 @@ def resolve_dirs(args: argparse.Namespace) -> None:
         if not args.raw.is_dir():
             fail(f"--raw {args.raw} is not a folder")
     check_within(args, workers=(1, cores(), CORES))  # as many processes: 100000 would exhaust the machine
+    check_at_least(args, bpe_merges=1)  # subword-nmt learns 0 merges, then fails on the codes file it wrote
     check_destination(args.dest, "--dest", folder=True)
     check_destination(args.work, "--work", folder=True)

@@ -28,6 +28,7 @@ from fairseq_feedback_cli.command_line import fail
 
 from .arguments import log
 from .steps import binarize
+from .text import read_lines
 
 NEWLINE = ord("\n")
 BYTE = [str(b) for b in range(256)]
@@ -60,9 +61,8 @@ def symbol_dictionary(texts: Dict[str, Path]) -> Dict[str, int]:
     """Every symbol of the splits' files, with its count in train (0: only in valid or test)."""
     counts = {split: collections.Counter() for split in texts}
     for split, path in texts.items():
-        with open(path, encoding="utf-8", newline="\n") as f:
-            for line in f:
-                counts[split].update(line.split())
+        for line in read_lines(path):  # as every script reads text: UTF-8, without a byte-order mark
+            counts[split].update(line.split())
     symbols = counts["train"].most_common()
     seen = set(counts["train"])
     symbols += sorted((s, 0) for split in texts for s in counts[split] if s not in seen and not seen.add(s))

@@ -17,12 +17,33 @@ from fairseq_feedback_cli.sgm import segments
 from .arguments import log
 
 
+# A byte-order mark (Windows editors write one) at the start of a file: fairseq-preprocess, which
+# reads the files some scripts hand it as they are, makes it part of the first word, a word of dict.txt
+BOM = b"\xef\xbb\xbf"
+
+
+class NotText(SystemExit, Exception):
+    """fail()'s exit, for a file that is not text as the scripts read it (_not_text), and an
+    Exception too: read_lines runs in pmap's workers and in the thread that feeds them, which pass an
+    Exception on to the command, where a plain exit would end them silently and the pool would wait
+    forever."""
+
+
 def read_lines(path: Path) -> Iterator[str]:
+    """The lines of a text file, without their ends; every text file the scripts read goes through here
+    or check_text, which refuse bytes that are not UTF-8 (they were replaced without a word) and a
+    byte-order mark, in one line naming the file and the line."""
     # Split on "\n" only: some corpora hold stray "\r" or U+2028 inside a
     # line, and splitting on those would misalign parallel files.
-    with open(path, encoding="utf-8", errors="replace", newline="\n") as f:
-        for line in f:
-            yield line.rstrip("\r\n")
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, 1):
+            try:
+                text = line.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise NotText(f"error: {_not_text(path, number, line, e, 'this script', 'convert it')}") from None
+            if number == 1 and line.startswith(BOM):
+                raise NotText(f"error: {_not_text(path, 1, line, None, 'this script', 'remove it')}")
+            yield text.rstrip("\r\n")
 
 
 def write_lines(path: Path, lines: Iterable[str]) -> int:
@@ -159,25 +180,38 @@ def apply_bpe(codes: Path, src: Path, dst: Path, workers: int) -> int:
 def check_text(path: Path, made_from: str) -> None:
     """One line naming `path` unless it is text fairseq-preprocess (or the BPE
     learnt on it) can take: present, UTF-8 (fairseq-preprocess failed with
-    its traceback), and with text in it (subword-nmt failed on an empty
-    train split with `max() arg is an empty sequence`, and fairseq-preprocess
-    makes a split of nothing); `made_from`: what to check instead."""
+    its traceback), without a byte-order mark (BOM), and with text in it
+    (subword-nmt failed on an empty train split with `max() arg is an empty
+    sequence`, and fairseq-preprocess makes a split of nothing); `made_from`:
+    what to check instead."""
     if not path.is_file():
         fail(f"{path} is missing, and fairseq-preprocess would read it: {made_from}")
     has_text, before = False, 0
     with open(path, "rb") as f:
         while batch := f.readlines(1 << 24):  # whole lines: no character is cut between two batches
+            if before == 0 and batch[0].startswith(BOM):
+                fail(_not_text(path, 1, batch[0], None, "fairseq-preprocess", f"{made_from}, or remove it"))
             try:
                 text = b"".join(batch).decode("utf-8")
             except UnicodeDecodeError:
                 number, line, error = next((before + i, line, e) for i, line in enumerate(batch, 1)
                                            for e in [_utf8_error(line)] if e is not None)
-                fail(f"{path}, line {number}: not UTF-8 (byte 0x{line[error.start]:02x} at byte {error.start + 1} "
-                     f"of the line), and fairseq-preprocess reads UTF-8: {made_from}, or convert it (iconv -t utf-8)")
+                fail(_not_text(path, number, line, error, "fairseq-preprocess", f"{made_from}, or convert it"))
             has_text = has_text or (text != "" and not text.isspace())
             before += len(batch)
     if not has_text:
         fail(f"{path} holds no text, and fairseq-preprocess would make a split of nothing of it: {made_from}")
+
+
+def _not_text(path: Path, number: int, line: bytes, error: Optional[UnicodeDecodeError], reader: str,
+              fix: str) -> str:
+    """Why line `number` of `path` is not text `reader` reads as written: bytes that are not UTF-8
+    (`error`), else a byte-order mark; `fix`: what to do, to which the command that does it is added."""
+    if error is None:
+        return (f"{path}, line 1: begins with a byte-order mark, which {reader} would read as part of its first "
+                f"word: {fix} (sed -i '1s/^\\xEF\\xBB\\xBF//' {path})")
+    return (f"{path}, line {number}: not UTF-8 (byte 0x{line[error.start]:02x} at byte {error.start + 1} of the "
+            f"line), and {reader} reads UTF-8: {fix} (iconv -t utf-8)")
 
 
 def _utf8_error(line: bytes) -> Optional[UnicodeDecodeError]:
