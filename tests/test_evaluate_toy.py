@@ -139,6 +139,18 @@ def test_predictions_are_the_argmax_of_the_model_over_the_whole_stream(toy_model
                                                                    expected)
 
 
+def test_a_batch_larger_than_the_split_evaluates_each_episode_in_a_stream_of_its_own(toy_model, tmp_path):
+    """The default batch (128 streams) on a split of a few episodes: one stream each, not a refusal of
+    more streams than the split has tokens."""
+    raw, data, ckpt = toy_model
+    episodes = predictions.evaluate("random_walk", str(data), str(ckpt), split="valid", batch_size=TOY_SIZES["valid"],
+                                    output=str(tmp_path / "episodes.txt"))
+    more = predictions.evaluate("random_walk", str(data), str(ckpt), split="valid", batch_size=10**6,
+                                output=str(tmp_path / "more.txt"))
+    assert read(tmp_path / "more.txt") == read(tmp_path / "episodes.txt")
+    assert {k: more[k] for k in ("acc", "episode_acc")} == {k: episodes[k] for k in ("acc", "episode_acc")}
+
+
 def test_labels_of_another_split_of_the_same_shape_are_refused_not_scored(toy_model, tmp_path):
     """Episodes of one length: the valid split's labels (or the test split's in
     another order) line up with the test predictions token for token, and

@@ -159,8 +159,9 @@ def evaluate(task, data, path, split="test", raw=None, output=None, batch_size=N
     model, fs_task, cfg, progress = load(path, data, tokens_per_sample)
     if torch.cuda.is_available() and not cpu:
         model.cuda()
-    rows = batch_size or cfg.dataset.batch_size_valid or cfg.dataset.batch_size or 1
     fs_task.load_dataset(split)
+    # a stream starts at an episode: more streams than episodes would only add empty ones
+    rows = min(batch_size or cfg.dataset.batch_size_valid or cfg.dataset.batch_size or 1, len(fs_task.dataset(split)))
     if labels is not None:
         check_labels_of_split(labels, fs_task, split, raw, data)
     predicted = predict(model, fs_task, split, int(rows))
