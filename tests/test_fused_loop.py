@@ -14,7 +14,9 @@ from fairseq.modules.fairseq_dropout import FairseqDropout
 from helpers import (DEPTHS, assert_same_loss_and_gradients, batch, loop_runs, loss_and_gradients, make_dictionary,
                      on_loop_runs, tiny_lm, tiny_translation_model)
 
+from fairseq_feedback.loop.dropout_bits import CHUNK
 from fairseq_feedback.loop.fused_block import FusedFeedbackLoop, block_weighted, fused_step
+from fairseq_feedback.loop.fused_layer import NO_DROPOUT
 from fairseq_feedback.loop.reference import ReferenceLoop, reference_step
 
 OPTIONS = {
@@ -123,7 +125,8 @@ def test_a_stream_trains_block_after_block_as_through_autograd(flags, span, monk
 
 class ReplayedDropout(FairseqDropout):
     """A layer's dropout, multiplying by the masks the fused block drew for
-    it (scaled, as many elements as its input, viewed as it), in the order
+    it (scaled, as many elements as its input, viewed as it; the memory
+    attention's cut to the slots the step reads, the last), in the order
     the loop through autograd asks for them."""
 
     def __init__(self, masks):
@@ -131,21 +134,20 @@ class ReplayedDropout(FairseqDropout):
         self.masks = iter(masks)
 
     def forward(self, x, inplace=False):
-        return x * next(self.masks).reshape(x.shape)
+        mask = next(self.masks)
+        return x * mask[..., mask.size(-1) - x.size(-1):].reshape(x.shape)
 
 
 def replay(block, layers, monkeypatch):
     """Each layer's dropout modules replaying what `block` (a FusedFeedbackLoop) drew for it."""
-    steps = range(len(block.step_masks))
+    drawn = block.records.dropout.unpacked()  # [steps, layers, ...]
     for i, layer in enumerate(layers):
-        at = [block.step_masks[t][i] for t in steps]  # [sublayers, ...] at each step, in the order the loop reads them
-        for module, masks in [(layer, [m for masks in at for m in masks.residual]),
-                              (layer.self_attn, [masks.attention for masks in at])]:
+        for module, masks in [(layer, [m for at_t in drawn.residual[:, i] for m in at_t]),  # sublayers in order
+                              (layer.self_attn, drawn.attention[:, i])]:
             monkeypatch.setattr(module, "dropout_module", ReplayedDropout(masks))
-        monkeypatch.setattr(layer, "activation_dropout_module", ReplayedDropout([masks.activation for masks in at]))
+        monkeypatch.setattr(layer, "activation_dropout_module", ReplayedDropout(drawn.activation[:, i]))
         if layer.encoder_attn is not None:
-            monkeypatch.setattr(layer.encoder_attn, "dropout_module",
-                                ReplayedDropout([masks.encoder_attention for masks in at]))
+            monkeypatch.setattr(layer.encoder_attn, "dropout_module", ReplayedDropout(drawn.encoder_attention[:, i]))
 
 
 @pytest.mark.parametrize("depth", DEPTHS.values(), ids=DEPTHS.keys())
@@ -167,8 +169,8 @@ def test_with_dropout_the_fused_block_trains_as_the_loop_through_autograd_with_i
     model.zero_grad()
     fused = loss_and_gradients(model, lambda: model(src, src_lengths, prev)[0], target)
     (block,) = blocks
-    drawn = block.records.dropout
-    assert None not in drawn
+    drawn = block.records.dropout.unpacked()
+    assert None not in drawn and len(drawn.residual) > CHUNK  # chunks unpacked again in the backward
     replay(block, model.decoder.layers, monkeypatch)
     with through_autograd(model):
         torch.manual_seed(0)  # the encoder's and the embeddings' dropout as before
@@ -197,18 +199,53 @@ def test_every_step_and_layer_of_a_block_draws_dropout_masks_of_its_own(monkeypa
     blocks = fused_blocks(monkeypatch)
     model(src, src_lengths, prev)
     (block,) = blocks
-    steps, layers = len(block.step_masks), len(block.layers)
-    assert (steps, layers) == (prev.size(1), 3)
-    for kind, drawn in block.records.dropout._asdict().items():
+    steps, layers = prev.size(1), len(block.layers)
+    assert layers == 3 and steps > CHUNK
+    for kind, drawn in block.records.dropout.unpacked()._asdict().items():
         assert drawn is not None and drawn.shape[:2] == (steps, layers), kind
         for t in range(steps):
             for i in range(layers):
-                read = getattr(block.step_masks[t][i], kind)  # the memory attention's: the slots step t reads
+                read = getattr(block.records.dropout.at(t)[i], kind)  # the memory attention's: the slots step t reads
                 assert torch.equal(read, drawn[t, i][..., drawn.size(-1) - read.size(-1):]), (kind, t, i)
         for layer in range(layers):
             assert len(drawn[:, layer].flatten(1).unique(dim=0)) == steps, f"{kind} repeats across steps"
         for step in range(steps):
             assert len(drawn[step].flatten(1).unique(dim=0)) == layers, f"{kind} repeats across layers"
+
+
+def held_bytes(holder) -> int:
+    """The bytes of the storages that `holder` holds: its tensors, in it,
+    in its attributes, and in their lists and tuples, each storage once."""
+    storages = {}
+
+    def walk(x, attributes=False):
+        if isinstance(x, torch.Tensor):
+            storages[x.untyped_storage().data_ptr()] = x.untyped_storage().nbytes()
+        elif isinstance(x, (list, tuple)):
+            for item in x:
+                walk(item)
+        elif attributes:
+            for value in vars(x).values():
+                walk(value)
+
+    walk(holder, attributes=True)
+    return sum(storages.values())
+
+
+def test_a_block_holds_at_most_an_eighth_of_its_dropout_masks_in_the_dtype(monkeypatch):
+    """In the dtype, a block's masks take as much as its weights' inputs
+    (the memory attention's: [steps, layers, rows x heads, 1, span], 201 MB
+    a stream at enwik8's span in fp16). The block holds them as bits and
+    one chunk of steps unpacked: at 128 steps, an eighth or less."""
+    model, d = tiny_translation_model("--memory-span", "16", "--dropout", "0.5", "--activation-dropout", "0.5",
+                                      "--attention-dropout", "0.5")
+    model.train()
+    src, src_lengths, prev = batch(d, tgt_len=128)
+    blocks = fused_blocks(monkeypatch)
+    model(src, src_lengths, prev)
+    (block,) = blocks
+    in_the_dtype = sum(masks.numel() * masks.element_size() for masks in block.records.dropout.unpacked())
+    assert held_bytes(block.records.dropout) <= in_the_dtype / 8
 
 
 def test_under_layerdrop_the_fused_block_trains_the_layers_kept():
@@ -325,7 +362,7 @@ def test_evaluation_draws_no_dropout_and_dropout_retained_in_inference_runs_thro
     with torch.no_grad():
         model(src, src_lengths, prev)
     (block,) = ran
-    assert isinstance(block, FusedFeedbackLoop) and all(masks is None for masks in block.records.dropout)
+    assert isinstance(block, FusedFeedbackLoop) and block.records.dropout.unpacked() == NO_DROPOUT
     for name, module in model.named_modules():  # as fairseq-generate's model.prepare_for_inference_ does
         if isinstance(module, FairseqDropout):
             module.make_generation_fast_(name, retain_dropout=True, retain_dropout_modules=["FeedbackAttention"])

@@ -19,6 +19,8 @@ ways, eagerly or replayed as CUDA graphs.
         |           |              its backward by hand, weight gradients once per block; what it
         |           |              reads, its gradients and its records by name (BlockInputs,
         |           |              BlockRecords); fused_step, a search's step without gradients
+        |           +-- dropout_bits.py  BlockDropout: the block's dropout masks, drawn at once, held
+        |           |                    as bits, unpacked a few steps at a time, forward and backward
         |           +-- fused_layer.py   FusedLayer: a MemoryDecoderLayer at each step, its sublayers'
         |                 |              residuals with dropout, pre- or post-norm; WEIGHTED, the one
         |                 |              list of a layer's weighted modules (the block's parameters)

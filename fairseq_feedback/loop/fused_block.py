@@ -27,10 +27,11 @@ reads slot t comes later.
 Attention has one query per row of the batch at a step: scores, softmax and weighted
 sum as three batched products (the fused scaled_dot_product_attention
 kernel costs more than that at this size on the CPU; its backward, ten
-times more). Dropout masks are drawn once per block, one Bernoulli draw of
-each kind (the residual branches, the feed-forward hidden layer, each
-attention's weights) for every layer and step, scaled beforehand: a
-residual with dropout is one addcmul, the attention's weights one mul.
+times more). Dropout masks are drawn once per block, for every layer and
+step, of each kind (the residual branches, the feed-forward hidden layer,
+each attention's weights), held as bits and unpacked, scaled, a few steps at
+a time (dropout_bits.py): a residual with dropout is one addcmul, the
+attention's weights one mul.
 
 The block's contract is kept by name. What it reads is a BlockInputs; its
 backward hands back a BlockInputs of their gradients, checked against the
@@ -55,6 +56,7 @@ from torch.autograd.function import once_differentiable
 from ..modules.feedback_attention import Alignment, aligned
 from ..modules.key_value_buffer import KeyValueBuffer
 from ..modules.memory_decoder_layer import per_layer
+from .dropout_bits import BlockDropout
 from .fused_layer import NO_DROPOUT, DropoutMasks, FusedLayer, weighted
 from .operators import GroupedLinear, Linear, MemoryWindows, Mixing, Norm, per_row
 
@@ -105,7 +107,7 @@ class BlockRecords:
     states: Tensor  # x_t^0 .. x_t^L, [layers + 1, tgt_len, bsz, embed_dim], eq. 1's inputs; the outputs are x^L
     memories: Tensor  # m_t, [tgt_len, memories * bsz, embed_dim] (a memory's rows one after another)
     slots: Tensor  # the memory's keys and values, [planes, bsz, num_heads, initial + tgt_len, head_dim]
-    dropout: DropoutMasks  # every step's and layer's, [tgt_len, layers, ...]
+    dropout: BlockDropout  # every step's and layer's masks
 
 
 def encoder_reads(encoder_kv: Sequence[Optional[Tuple[Tensor, Tensor]]], encoder_bias: Optional[Tensor], bsz: int):
@@ -174,9 +176,9 @@ class FusedFeedbackLoop:
     The buffer gets the new slots at the end of the block.
 
     Once called, a block shows whether it records for a backward
-    (`recording`), its dropout masks (`records`: BlockRecords' dropout;
-    each step's and layer's, `step_masks`), and whether its attention keeps
-    its weights for the backward (`keep_probs`)."""
+    (`recording`), its dropout masks (`records`: BlockRecords' dropout),
+    and whether its attention keeps its weights for the backward
+    (`keep_probs`)."""
 
     def __init__(self, memory, layers: Sequence, buffer: KeyValueBuffer, window: Tuple[Tensor, ...], span: int,
                  positions: Optional[Tensor], span_biases: Sequence[Optional[Tensor]], weights: Tensor,
@@ -238,38 +240,25 @@ class FusedFeedbackLoop:
             memory_reader = self.kv_proj if self.memory_layer_norm is None else self.memory_layer_norm
             memory_reader.inputs.write_into(self.records.memories)
 
-    def _draw_masks(self, x: Tensor, read: int) -> DropoutMasks:
-        """Every dropout mask of the block, one draw of each kind for all its
-        steps and layers, scaled by 1 / (1 - p) (None: no dropout); `read`:
-        the slots a step reads at most. Each step's and layer's masks are
-        viewed once (`step_masks`), the memory attention's cut to the slots
-        that the step reads (the last ones). The attention weights' masks
-        take the room of the weights, which the block keeps for its backward
-        or not (keep_probs): with dropout, it keeps their masks either way."""
+    def _draw_masks(self, x: Tensor, read: int) -> BlockDropout:
+        """Every dropout mask of the block, for all its steps and layers
+        (dropout_bits.py); `read`: the slots a step reads at most, of which
+        step t's memory attention reads the last."""
         tgt_len, bsz, embed = x.shape
-        layers, first = len(self.layers), (self.present[0] if self.present else None)
-        self.step_masks = [[NO_DROPOUT] * layers] * tgt_len
+        first = self.present[0] if self.present else None
         if first is None:
-            return NO_DROPOUT
+            return BlockDropout(x, tgt_len, len(self.layers), NO_DROPOUT, (), self._slots)
         encoder_read = next((r for r in self.encoder_reads if r is not None), None)
         shapes = DropoutMasks(
             (len(first.sublayers), bsz, embed), None if first.fc1 is None else (bsz, first.fc1.weight.size(0)),
             (bsz * self.num_heads, 1, read),
             None if encoder_read is None else (bsz * first.encoder_attn.num_heads, encoder_read[0].size(1)))
         rates = (first.dropout, first.activation_dropout, first.attention_dropout, first.encoder_attention_dropout)
-        drawn = DropoutMasks(*(x.new_empty(tgt_len, layers, *shape).bernoulli_(1 - p).div_(1 - p)
-                               if p and shape is not None else None for p, shape in zip(rates, shapes)))
-        if all(m is None for m in drawn):
-            return drawn
-        unbound = [None if m is None else [at_t.unbind(0) for at_t in m.unbind(0)] for m in drawn]
+        return BlockDropout(x, tgt_len, len(self.layers), shapes, rates, self._slots)
 
-        def at(t: int, i: int) -> DropoutMasks:
-            masks = DropoutMasks(*(None if m is None else m[t][i] for m in unbound))
-            slots = min(self.span, self.initial + t)
-            return masks if masks.attention is None else masks._replace(attention=masks.attention[..., -slots:])
-
-        self.step_masks = [[at(t, i) for i in range(layers)] for t in range(tgt_len)]
-        return drawn
+    def _slots(self, t: int) -> int:
+        """The slots that step t reads."""
+        return min(self.span, self.initial + t)
 
     # --- forward ------------------------------------------------------------------------------------
 
@@ -283,12 +272,13 @@ class FusedFeedbackLoop:
         for t, h in enumerate(states[0].unbind(0)):
             planes = windows.planes(t)
             keys = windows.keys(planes)
+            masks = self.records.dropout.at(t)
             outputs = [h]
             for i, layer in enumerate(self.layers):
                 if layer is not None:
                     bias = None if self.biases[i] is None else self.biases[i][..., -planes[0].size(1):]
                     memory_read = (keys[layer.plane // 2], planes[layer.plane + 1], bias)
-                    h = layer(h, t, memory_read, self.encoder_reads[i], self.step_masks[t][i],
+                    h = layer(h, t, memory_read, self.encoder_reads[i], masks[i],
                               states[i + 1, t] if pre_norm else None)
                 elif pre_norm:
                     states[i + 1, t] = h
@@ -345,6 +335,7 @@ class FusedFeedbackLoop:
                 memory_grad += outside_memory_grads[t].reshape(memory_grad.shape)
             planes = windows.planes(t)
             keys = windows.keys(planes)
+            masks = self.records.dropout.at(t)
             plane_grads, key_grads, overwrite = windows.grads(t)
             slots_read = planes[0].size(1)
             # the top layer's output: its own gradient, and its share of m_t
@@ -360,7 +351,7 @@ class FusedFeedbackLoop:
                     encoder_read = None if self.encoder_reads[i] is None else self.encoder_reads[i][:2]
                     grad = layer.backward(grad, t, (keys[k], planes[layer.plane + 1], bias),
                                           (key_grads[k], plane_grads[layer.plane + 1], bias_grad, overwrite[k]),
-                                          encoder_read, self.step_masks[t][i])
+                                          encoder_read, masks[i])
                     overwrite[k] = False
                 # the input's share of m_t, where the layer below records its output's gradient
                 grad = mixing.add_share(grad, memory_grad, i, input_grads[t] if i == 0 else below)

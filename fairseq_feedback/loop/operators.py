@@ -273,7 +273,7 @@ class Attention:
         self.alignment = alignment
         self.queries: Dict[int, Tensor] = {}  # [sentences * num_heads, beam, head_dim], by step
         self.probs: Dict[int, Tensor] = {}
-        self.masks: Dict[int, Tensor] = {}  # the weights' dropout, by step
+        self.masks: Dict[int, Tensor] = {}  # the weights' dropout, by step: valid while the step runs
         self.score_grads: Dict[int, Tensor] = {}  # for key_value_grads
         self.attended_grads: Dict[int, Tensor] = {}
 
@@ -334,6 +334,8 @@ class Attention:
         scores = torch._softmax_backward_data(prob_grads, probs, -1, probs.dtype)
         if key_grads is None:
             self.score_grads[t], self.attended_grads[t] = scores, attended
+            if mask is not None:  # key_value_grads reads d * P, after the step's mask is gone (dropout_bits.py)
+                probs.mul_(mask)
         else:
             # one query row: outer products, elementwise (a batched product
             # of inner size 1 runs row by row)
@@ -360,7 +362,7 @@ class Attention:
             return torch.cat([by_step[t] for t in steps], 1)
 
         torch.bmm(joined(self.score_grads).transpose(1, 2), joined(self.queries), out=key_grads)
-        dropped = joined(self.probs) if not self.masks else joined(self.probs) * joined(self.masks)
+        dropped = joined(self.probs)  # d * P with dropout: each step's backward dropped them
         torch.bmm(dropped.transpose(1, 2), joined(self.attended_grads), out=value_grads)
 
 
