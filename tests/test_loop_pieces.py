@@ -2,7 +2,7 @@
 outputs of a block of steps, each step's input gradient (later steps
 first, as the block runs them) and the weights' gradients once per block,
 from the equation written beside its code (loop/operators.py,
-loop/fused_layer.py). A failure names the piece and the gradient. The
+attention.py, memory_windows.py, mixing.py, fused_layer.py). A failure names the piece and the gradient. The
 whole block against the reference loop: test_fused_loop.py."""
 
 from types import SimpleNamespace
@@ -17,8 +17,10 @@ from torch import nn
 
 from fairseq_feedback.loop.fused_block import encoder_reads
 from fairseq_feedback.loop.fused_layer import DropoutMasks, FusedLayer, weighted
-from fairseq_feedback.loop.operators import (Attention, GroupedLinear, Linear, MemoryWindows, Mixing, Norm, per_row,
-                                             residual, residual_grad)
+from fairseq_feedback.loop.attention import Attention, per_row
+from fairseq_feedback.loop.memory_windows import MemoryWindows
+from fairseq_feedback.loop.mixing import Mixing
+from fairseq_feedback.loop.operators import GroupedLinear, Linear, Norm, residual, residual_grad
 from fairseq_feedback.modules.memory_view import MemoryView
 
 STEPS, ROWS, EMBED, HEADS, HEAD_DIM = 4, 3, 8, 2, 3

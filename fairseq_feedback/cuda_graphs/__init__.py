@@ -17,6 +17,9 @@ torch.cuda.make_graphed_callables takes a callable and sample arguments).
         +-- GraphedFunction(fn, ...)             graphed_function.py: one function's graphs, captured at
               |  then graphed(fn, *inputs)       construction (collector paused), replayed at each call,
               |                                  the eager result at any failure
+              +-- run_pass, Pass                 autograd_pass.py: one run of the function as autograd knows
+              |                                  it (captured, or again eagerly): under the caller's autocast
+              |                                  (autocast_dtype), through its inputs' aliases; its gradients
               +-- backend.capture / replay       backends.py: CUDA's calls (CudaGraphBackend), or the
               |                                  stand-in that keeps a GPU's rules on any device and
               |                                  counts the pool's bytes as CUDA's allocator keeps them
@@ -41,11 +44,12 @@ needs, the largest; their static inputs and output gradients are one set,
 the largest graph's.
 """
 
+from .autograd_pass import autocast_dtype
 from .backends import CudaGraphBackend, RecordedGraphBackend
 from .buckets import bucket, bucket_wide
 from .failure import GraphFailure
 from .graph_cache import GraphCache
-from .graphed_function import GraphedFunction, autocast_dtype
+from .graphed_function import GraphedFunction
 from .statistics import GraphStatistics
 
 __all__ = ["CudaGraphBackend", "GraphCache", "GraphFailure", "GraphStatistics", "GraphedFunction",

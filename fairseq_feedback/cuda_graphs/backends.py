@@ -29,7 +29,7 @@ would go wrong on a GPU goes wrong here too:
   where the leaf's AccumulateGrad node was made, which may be the default
   stream whenever a graph made outside the capture still holds the node (a
   loss the caller keeps; DDP's reducer, always), and that wait invalidates
-  the capture (graphed_function.py's `_run` differentiates aliases made in
+  the capture (autograd_pass.py's `run_pass` differentiates aliases made in
   the pass instead); the stand-in refuses every leaf, since which nodes
   are held cannot be seen;
 - a failed capture leaves the device's random generator in capture mode,

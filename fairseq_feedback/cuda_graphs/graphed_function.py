@@ -46,18 +46,12 @@ from typing import Callable, FrozenSet, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
+from .autograd_pass import Outputs, Pass, autocast_dtype, pass_gradients, run_pass
 from .checks import EagerChecks
 from .failure import GraphFailure, stage
 from .pool_account import PoolAccount
 from .pool_ledger import PoolLedger
 from .replay import Replay
-
-Outputs = Tuple[Optional[Tensor], ...]
-
-
-def autocast_dtype(device_type: str) -> Optional[torch.dtype]:
-    """The dtype autocast casts to on this kind of device, or None."""
-    return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
 
 
 @contextlib.contextmanager
@@ -71,55 +65,6 @@ def collector_paused():
     finally:
         if enabled:
             gc.enable()
-
-
-class Pass:
-    """One run of fn as autograd knows it: its outputs, and what its
-    gradients are taken with respect to (`_run`). The forward graph's is
-    what the backward graph differentiates (in the stand-in, its last replay's)."""
-
-    outputs: Outputs = ()
-    targets: Tuple[Tensor, ...] = ()
-
-
-def _run(fn: Callable, inputs: Sequence[Optional[Tensor]], autocast: Optional[torch.dtype], device_type: str,
-         training: bool, into: Pass) -> Outputs:
-    """fn(*inputs), under autocast again if the caller was (without its
-    cache of cast weights, which would hand the graphs the weights of an
-    earlier call), with gradients if training; the pass kept in `into`. A
-    function of its arguments alone: what a graph records holds nothing
-    that holds the graph.
-
-    In training fn reads an alias, made here, of each input that requires
-    gradients, and the gradients are taken with respect to the aliases,
-    never the inputs themselves. A gradient with respect to a leaf (a
-    parameter) reaches the leaf's AccumulateGrad node, which autograd made
-    where the leaf was first used, remembering that stream, and which lives
-    as long as any graph that used the leaf: a loss the caller still holds,
-    and under DDP always (its reducer holds every parameter's). Inside a
-    capture, autograd's wait on that stream, the default one, invalidates
-    the capture (torch 2.11, on an H100: "operation would make the legacy
-    stream depend on a capturing blocking stream"). An alias is a node of
-    this pass, made on its stream."""
-    cast = contextlib.nullcontext()
-    if autocast is not None:
-        cast = torch.autocast(device_type, autocast, cache_enabled=False)
-    with cast, torch.enable_grad() if training else torch.no_grad():
-        if training:
-            inputs = [x.view_as(x) if x is not None and x.requires_grad else x for x in inputs]
-        outputs = tuple(fn(*inputs))
-    into.outputs = outputs
-    into.targets = tuple(x for x in inputs if x is not None and x.requires_grad) if training else ()
-    return outputs
-
-
-def _gradients(run: Pass, grad_outputs: Sequence[Tensor], device_type: str) -> Outputs:
-    """The gradients of the pass's targets from those of its differentiable outputs."""
-    differentiable = [(o, g) for o, g in zip(run.outputs, grad_outputs) if o.requires_grad]
-    # never under autocast: its weight cache is what capture forbids, and a backward needs no casts
-    with torch.autocast(device_type, enabled=False):
-        return torch.autograd.grad([o for o, _ in differentiable], run.targets, [g for _, g in differentiable],
-                                   allow_unused=True)
 
 
 class GraphedFunction:
@@ -152,7 +97,7 @@ class GraphedFunction:
         self.params = list(params)
         self.training = torch.is_grad_enabled() and any(
             x is not None and x.requires_grad for x in (*self.inputs, *self.params))
-        # under --amp: autocast again inside (_run)
+        # under --amp: autocast again inside (run_pass)
         self.autocast = autocast_dtype(self.device_type)
         self.calls = 0
         self.replays_seen: Optional[int] = None  # the pool's replay count after this graph's last replay
@@ -165,7 +110,7 @@ class GraphedFunction:
             with collector_paused(), torch.autocast(self.device_type, enabled=False):
                 with stage("capture"), made:
                     self.forward_graph, self.outputs = backend.capture(
-                        partial(_run, fn, [*self.inputs, *self.params], self.autocast, self.device_type,
+                        partial(run_pass, fn, [*self.inputs, *self.params], self.autocast, self.device_type,
                                 self.training, recorded), self)
                 self.differentiable = [o.requires_grad for o in recorded.outputs]
                 self.grad_outputs = tuple(static.holding(("output gradient", i), torch.zeros_like(o))
@@ -173,7 +118,7 @@ class GraphedFunction:
                 if self.training:
                     with stage("capture"), made:
                         self.backward_graph, self.grads = backend.capture(
-                            partial(_gradients, recorded, self.grad_outputs, self.device_type), self)
+                            partial(pass_gradients, recorded, self.grad_outputs, self.device_type), self)
         except GraphFailure:
             self.release()
             raise
@@ -198,11 +143,11 @@ class GraphedFunction:
     def forward_eagerly(self, fn: Callable) -> Pass:
         """fn on the static inputs, eagerly."""
         run = Pass()
-        _run(fn, [*self.inputs, *self.params], self.autocast, self.device_type, self.training, run)
+        run_pass(fn, [*self.inputs, *self.params], self.autocast, self.device_type, self.training, run)
         return run
 
     def gradients(self, run: Pass, grad_outputs: Sequence[Tensor]) -> Outputs:
-        return _gradients(run, grad_outputs, self.device_type)
+        return pass_gradients(run, grad_outputs, self.device_type)
 
     def _restore(self, saved: Sequence[Tensor]) -> None:
         for t, value in zip(self.state, saved):

@@ -21,13 +21,17 @@ ways, eagerly or replayed as CUDA graphs.
         |           |              BlockRecords); fused_step, a search's step without gradients
         |           +-- dropout_bits.py  BlockDropout: the block's dropout masks, drawn at once, held
         |           |                    as bits, unpacked a few steps at a time, forward and backward
+        |           +-- memory_windows.py   MemoryWindows: what a step reads of the memory's slots,
+        |           |                       keys with relative positions
+        |           +-- mixing.py        Mixing: eq. 1, the memory vectors from every layer's states
         |           +-- fused_layer.py   FusedLayer: a MemoryDecoderLayer at each step, its sublayers'
         |                 |              residuals with dropout, pre- or post-norm; WEIGHTED, the one
         |                 |              list of a layer's weighted modules (the block's parameters)
-        |                 +-- operators.py   the per-step pieces and their backwards, each equation
-        |                                    beside its code: Linear, Norm, Attention, the residual with
-        |                                    dropout, MemoryWindows (relative positions), Mixing (eq. 1);
-        |                                    StepRecords, what a piece keeps
+        |                 +-- operators.py   the per-step pieces' way (each backward by hand, its
+        |                 |                  equation beside its code) and the small pieces: Linear,
+        |                 |                  Norm, the residual with dropout; StepRecords, what a
+        |                 |                  piece keeps
+        |                 +-- attention.py   Attention between its projections, its rows by head
         |
         |  with --cuda-graphs (the graphs themselves: fairseq_feedback/cuda_graphs):
         +-- graphed_loop.py    GraphedFeedbackLoop.block(FeedbackLoop.block_from, inputs, parameters,

@@ -10,7 +10,7 @@ the attention's weights one mul): the forward's steps in order, the
 backward's in reverse, both from the same bits, so that the backward reads
 exactly the forward's masks. A mask is read only while its step runs
 (the encoder attention's weight gradients, which come once per block, read
-weights into which each step's backward folded its mask: operators.Attention).
+weights into which each step's backward folded its mask: attention.Attention).
 A block holds the bits (1/16 of the masks in
 fp16, 1/32 in fp32) and one chunk: from 128 steps a block, an eighth of the
 masks in the dtype or less (enwik8's in fp16: 23.5 MB a stream of 213.9 MB).

@@ -14,7 +14,7 @@ embeddings alone. What those products read is written in place, step by
 step, into tensors of the whole block (out=), wherever the operator that
 makes it can write there.
 
-A step's memory vector m_t (eq. 1, operators.Mixing; the recurrent memory,
+A step's memory vector m_t (eq. 1, mixing.Mixing; the recurrent memory,
 one per layer) is projected to its keys and values, k_t and v_t, which
 later steps read:
 
@@ -58,7 +58,10 @@ from ..modules.key_value_buffer import KeyValueBuffer
 from ..modules.memory_decoder_layer import per_layer
 from .dropout_bits import BlockDropout
 from .fused_layer import NO_DROPOUT, DropoutMasks, FusedLayer, weighted
-from .operators import GroupedLinear, Linear, MemoryWindows, Mixing, Norm, per_row
+from .attention import per_row
+from .memory_windows import MemoryWindows
+from .mixing import Mixing
+from .operators import GroupedLinear, Linear, Norm
 
 
 def block_weighted(kv_proj, memory_layer_norm, layers: Sequence) -> list:
@@ -111,7 +114,7 @@ class BlockRecords:
 
 
 def encoder_reads(encoder_kv: Sequence[Optional[Tuple[Tensor, Tensor]]], encoder_bias: Optional[Tensor], bsz: int):
-    """Each layer's encoder keys and values as operators.Attention takes them,
+    """Each layer's encoder keys and values as attention.Attention takes them,
     the mask expanded once for all layers.
 
     Args:

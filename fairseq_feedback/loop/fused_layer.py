@@ -1,4 +1,4 @@
-"""A MemoryDecoderLayer at each step of a block, from the operators of operators.py.
+"""A MemoryDecoderLayer at each step of a block, from the pieces of operators.py and attention.py.
 
 Its attributes mirror fairseq's TransformerDecoderLayer: self_attn (over the
 memory), encoder_attn, fc1 and fc2, and their norms. Each of the three is a
@@ -16,7 +16,7 @@ dropout d_a:
     u = fc1(x),  h = d_a * act(u),  f = fc2(h)
     g_h = fc2'(g_f),   g_u = act'(u) * (d_a * g_h),   g_x = fc1'(g_u)
 
-and the attentions' weights have a dropout of their own (operators.Attention).
+and the attentions' weights have a dropout of their own (attention.Attention).
 """
 
 from operator import attrgetter
@@ -28,7 +28,8 @@ from fairseq.modules import gelu as fairseq_gelu
 from torch import Tensor
 
 from ..modules.feedback_attention import Alignment
-from .operators import Attention, Linear, Norm, residual, residual_grad
+from .attention import Attention
+from .operators import Linear, Norm, residual, residual_grad
 
 ACTIVATIONS = {F.relu: "relu", fairseq_gelu: "gelu"}
 
@@ -80,7 +81,7 @@ class FusedLayer:
         recording: whether it records what its backward needs.
         plane: its keys' plane among the memory's slots.
         first: the first layer, whose queries come once per block (project_block_queries).
-        keep_probs: whether attention keeps its weights for the backward (operators.Attention).
+        keep_probs: whether attention keeps its weights for the backward (attention.Attention).
         alignment: where its encoder attention's weights go (fairseq's
             alignment layer), or None.
     """
