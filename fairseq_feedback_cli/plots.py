@@ -5,7 +5,7 @@ against what a training step cost."""
 import textwrap
 
 from .outputs import atomic_file
-from .toy.scoring import METRICS
+from .toy.scoring import METRICS, best
 
 
 def _pyplot():
@@ -21,7 +21,8 @@ def _pyplot():
 
 
 def toy_accuracy(results, task, title=""):
-    """The figure of token accuracy (solid) and episode accuracy (dashed) against updates;
+    """The figure of token accuracy (solid) and episode accuracy (dashed) against updates, each model's
+    best checkpoint (toy.scoring.best) starred on its token curve and labelled with its updates;
     results: {model: [feedback-evaluate-toy's results, by updates]}."""
     plt = _pyplot()
     token_metric, line_metric = METRICS[task]
@@ -31,9 +32,15 @@ def toy_accuracy(results, task, title=""):
         updates = [r["updates"] for r in rs]
         models += ax.plot(updates, [100 * r[token_metric] for r in rs], "o-", color=color, label=name)
         ax.plot(updates, [100 * r[line_metric] for r in rs], "s--", color=color, alpha=0.6)
+        top = best(task, rs)
+        ax.plot([top["updates"]], [100 * top[token_metric]], "*", color=color, markersize=14, markeredgecolor="k")
+        ax.annotate(str(top["updates"]), (top["updates"], 100 * top[token_metric]), textcoords="offset points",
+                    xytext=(0, 9), ha="center", fontsize=8, color=color)
     # a legend entry per model, and one per line style: two entries per model hid the curves from 5 models on
     styles = [plt.Line2D([], [], color="gray", marker=marker, linestyle=style, label=metric)
               for marker, style, metric in (("o", "-", token_metric), ("s", "--", line_metric))]
+    styles.append(plt.Line2D([], [], color="gray", marker="*", markersize=10, markeredgecolor="k", linestyle="",
+                             label=f"best checkpoint ({token_metric}), its updates"))
     ax.set_xlabel("updates")
     ax.set_ylabel("test accuracy (%)")
     ax.set_ylim(0, 100)

@@ -117,9 +117,10 @@ def test_toy_curves_draw_every_model_however_many(tmp_path):
     results = {f"model{i}": [evaluation("random_walk", 100, 0.07 * i, 0.05 * i, None)] for i in range(13)}
     fig = plots.toy_accuracy(results, "random_walk")
     legend = [text.get_text() for text in fig.axes[0].get_legend().get_texts()]
-    assert legend == [*results, "acc", "episode_acc"]  # each model, then what the solid and dashed lines are
+    # each model, then what the solid and dashed lines and the star are
+    assert legend == [*results, "acc", "episode_acc", "best checkpoint (acc), its updates"]
     lines = fig.axes[0].get_lines()
-    assert len(lines) == 2 * 13 and len({line.get_color() for line in lines}) == 13  # told apart by colour
+    assert len(lines) == 3 * 13 and len({line.get_color() for line in lines}) == 13  # told apart by colour
     plt.close(fig)
 
 

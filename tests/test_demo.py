@@ -10,13 +10,16 @@ from helpers import run, run_module
 from fairseq_feedback_cli import demo, plots
 from fairseq_feedback_cli.command_line import fail
 from fairseq_feedback_cli.outputs import atomic_folder
+from fairseq_feedback_cli.toy import scoring
 
 
 def fake_results():
     def r(updates, acc, episode):
-        return {"updates": updates, "acc": acc, "episode_acc": episode}
+        return {"updates": updates, "acc": acc, "episode_acc": episode, "checkpoint": f"checkpoint_1_{updates}.pt"}
 
-    return {"feedback": [r(100, 0.5, 0.0), r(200, 0.9, 0.25)], "transformer": [r(100, 0.3, 0.0), r(200, 0.35, 0.0)]}
+    # the feedback model dips at its last checkpoint; the transformer's one episode solved does not decide
+    return {"feedback": [r(100, 0.5, 0.0), r(200, 0.9, 0.25), r(300, 0.85, 0.2)],
+            "transformer": [r(100, 0.3, 0.0), r(200, 0.35, 0.0), r(300, 0.33, 0.002)]}
 
 
 def test_demo_table_and_plot(tmp_path):
@@ -28,6 +31,40 @@ def test_demo_table_and_plot(tmp_path):
     assert [c.strip() for c in lines[3].strip("|").split("|")] == ["200", "90.0", "25.0", "35.0", "0.0"]
     plots.save(plots.toy_accuracy(fake_results(), "random_walk", title="t"), tmp_path / "a.png")
     assert (tmp_path / "a.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_demo_names_the_best_checkpoint_not_the_last():
+    assert demo.best_line(fake_results(), "random_walk") == (
+        "Best tested checkpoint (by acc, then episode_acc): feedback at 200 updates (90.0 / 25.0, "
+        "`feedback/checkpoint_1_200.pt`); transformer at 200 updates (35.0 / 0.0, `transformer/checkpoint_1_200.pt`).")
+    # equal tokens: the more episodes, then the earlier checkpoint
+    same = fake_results()["transformer"][1]
+    tied = [dict(same, updates=400), dict(same, updates=500), dict(same, updates=600, episode_acc=0.002)]
+    assert scoring.best("random_walk", tied)["updates"] == 600
+    assert scoring.best("random_walk", tied[:2])["updates"] == 400
+    # the figure stars each model's best on its token curve, labelled with its updates
+    ax = plots.toy_accuracy(fake_results(), "random_walk").axes[0]
+    stars = [line.get_xydata().tolist() for line in ax.lines if line.get_marker() == "*"]
+    assert stars == [[[200, 90.0]], [[200, 35.0]]]
+    assert [t.get_text() for t in ax.texts] == ["200", "200"]
+
+
+def test_demo_keeps_the_last_and_the_best_checkpoint(tmp_path, monkeypatch):
+    save_dir = tmp_path / "feedback"
+    save_dir.mkdir()
+    for name in ("checkpoint_1_100.pt", "checkpoint_1_200.pt", "checkpoint_1_300.pt", "checkpoint_last.pt"):
+        (save_dir / name).write_text("")
+    scores = {r["updates"]: r for r in fake_results()["feedback"]}
+
+    def evaluate(task, data, path, split, raw, output):
+        updates = int(os.path.basename(path)[len("checkpoint_1_"):-len(".pt")])
+        return dict(scores[updates], checkpoint=path, predictions=output)
+
+    monkeypatch.setattr(demo, "evaluate", evaluate)
+    monkeypatch.setattr(demo, "checkpoint_updates", lambda path: 300)  # checkpoint_last.pt's
+    results = demo.evaluate_model("feedback", str(save_dir), "raw", "bin", demo.CONFIG)
+    assert [r["updates"] for r in results] == [100, 200, 300]
+    assert sorted(p.name for p in save_dir.glob("*.pt")) == ["checkpoint_1_200.pt", "checkpoint_last.pt"]
 
 
 def demo_folder(out, results):
@@ -73,7 +110,9 @@ def test_demo_checkpoints_and_commands(toy_model, tmp_path):
     found, final = demo.checkpoints(str(ckpt.parent), 3)
     assert found == {3: str(ckpt)} and final == 3
     cmd = demo.train_command(str(data), str(tmp_path), demo.CONFIG, demo.MODELS["transformer"])
-    assert "--no-feedback" in cmd and cmd[cmd.index("--max-update") + 1] == str(demo.CONFIG["updates"])
+    assert "--no-feedback" in cmd
+    # the rate decays to 0 at the last update, whatever --updates says
+    assert cmd[cmd.index("--max-update") + 1] == cmd[cmd.index("--total-num-update") + 1] == str(demo.CONFIG["updates"])
 
 
 def commands_in_this_process(cmd, log_path, env):
