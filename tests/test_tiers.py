@@ -11,8 +11,10 @@ import shlex
 import stat
 import subprocess
 import sys
+import time
 
 import pytest
+from conftest import WATCH
 from everyday_reach import Reach, console_scripts
 from helpers import ENV
 
@@ -57,6 +59,13 @@ def spawned(target):
     process = multiprocessing.get_context("spawn").Process(target=target)
     process.start()
     process.join()
+    # the spawn start also started multiprocessing's resource tracker, a Python that may tell the watch
+    # only after this test's call has ended, failing its teardown: the call waits for it
+    from multiprocessing import resource_tracker
+    told = os.path.join(os.environ[WATCH], str(resource_tracker._resource_tracker._pid))
+    deadline = time.monotonic() + 10
+    while not os.path.exists(told) and time.monotonic() < deadline:  # not there: it ran before this test
+        time.sleep(0.01)
 
 
 def started_and_hidden(command):
