@@ -49,6 +49,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
+from ..cuda_graphs.backends import default_generator
 from ..modules.key_value_buffer import KeyValueBuffer
 from ..modules.memory_decoder_layer import per_layer
 from ..modules.memory_view import MemoryView, SlotDistances
@@ -123,9 +124,10 @@ class PassesLoop:
         passes = self.passes
         first_views, views = self._views(window[0].size(2), len(x), x)
         guess = x[:-1, None].expand(-1, self.memory.memories, -1, -1)  # m^(0): the embeddings x^0
-        generator = _GeneratorState(x.device)
+        generator = default_generator(x.device)
+        start = generator.get_state()
         for k in range(1, passes.passes + 1):
-            generator.restart()  # each pass the same dropout masks
+            generator.set_state(start)  # each pass the same dropout masks
             with torch.no_grad() if passes.gradients == "last" and k < passes.passes else contextlib.nullcontext():
                 h, m = self._pass(x, window, guess, first_views if k == 1 else views, encoder_kv, encoder_bias)
             guess = m[:-1]
@@ -168,18 +170,3 @@ class PassesLoop:
             self.views[(before, length)] = first, views
         return self.views[(before, length)]
 
-
-class _GeneratorState:
-    """The default random generator of a device, restarted from where it
-    stood when this was made."""
-
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-        self.device = device
-        self.state = torch.cuda.get_rng_state(device) if self.cuda else torch.get_rng_state()
-
-    def restart(self) -> None:
-        if self.cuda:
-            torch.cuda.set_rng_state(self.state, self.device)
-        else:
-            torch.set_rng_state(self.state)
