@@ -186,7 +186,8 @@ CASES = {
     "lm: no valid split": lm(data="{LM_NO_VALID}", message="split 'valid' not found in {LM_NO_VALID}"),
     "lm: no such --train-subset": lm("--train-subset", "nosuch", message="split 'nosuch' not found in {LM}"),
     "lm: empty train split": lm(data="{LM_EMPTY}", message="{LM_EMPTY}/train.bin holds no lines"),
-    "lm: data directory missing": lm(data="{OUT}-data", message="data directory {OUT}-data not found"),
+    "lm: data directory missing": lm(data="{OUT}-data", message="dictionary {OUT}-data/dict.txt not found: point the "
+                                                                "data directory at the --destdir of fairseq-preprocess"),
     "eval-lm: no test split": Case("eval_lm", [*EVAL_LM, "--gen-subset", "nosuch"], "split 'nosuch' not found in {LM}"),
     "eval-lm: empty test split": Case("eval_lm", ["{LM_EMPTY}", *EVAL_LM[1:], "--gen-subset", "test"],
                                       "{LM_EMPTY}/test.bin holds no lines"),
@@ -214,7 +215,7 @@ CASES = {
     "generate --path truncated --results-path": Case(
         "generate", ["{TR}", "--path", "{TRUNCATED}", "--cpu", "--results-path", "{OUT}"], "{TRUNCATED} is truncated"),
     "generate --path missing": Case("generate", ["{TR}", "--path", "{OUT}.pt", "--cpu"],
-                                    "checkpoint {OUT}.pt not found"),
+                                    "{OUT}.pt not found: check the path"),
     "eval-lm --path truncated": Case("eval_lm", ["{LM}", "--path", "{TRUNCATED}", "--cpu"],
                                      "{TRUNCATED} is truncated"),
     "eval-lm --path not a checkpoint": Case("eval_lm", ["{LM}", "--path", "{TEXT_FILE}", "--cpu"],
@@ -272,8 +273,7 @@ CASES = {
     "lm --restore-file of another model": Case(
         "train", ["{LM}", "--task", "language_modeling", "--arch", "transformer_lm", "--tokens-per-sample", "8",
                   "--batch-size", "2", "--cpu", "--save-dir", "{OUT}", "--restore-file", "{LM_CKPT}"],
-        "{LM_CKPT} holds a feedback_lm model, and this command line builds a transformer_lm: continue it with its "
-        "--arch, or drop --restore-file"),
+        "the parameters of {LM_CKPT} do not fit this model (Missing key(s) in state_dict: "),
     "lm --restore-file: a labels model without --labels": lm(
         "--restore-file", "{LABELS_CKPT}",
         message="{LABELS_CKPT} was trained with --labels labels, to predict labels: continue it with --task "

@@ -1,12 +1,8 @@
 """The binarized files a tool reads, checked as fairseq loads them and, all of them, before the run:
-the data directories, a translation task's language pair, the dictionaries (read by fairseq, whose
-checks of their format so come first), the labels, and the splits (present, not empty, not cut
-short, of no token beyond their dictionary), down to fairseq's index header.
-
-Late, without them: fairseq-train reads the training split of each data directory as its epoch
-begins (DATA1:DATA2:...), a split cut short is read past its end at some batch of some epoch, and a
-token beyond the dictionary fails in the model's embedding at some batch (option_values.py says what
-the labels mean)."""
+directories, a translation task's language pair, dictionaries (read by fairseq's own loader), labels,
+and splits (present, not empty, not cut short, no token beyond their dictionary). Late without them:
+fairseq-train reads each data directory's training split as its epoch begins, and a split cut short or
+a token beyond the dictionary fails at some batch."""
 
 import os
 import struct
@@ -23,8 +19,8 @@ from .option_values import option
 
 
 def check_labels(cfg, training: bool) -> None:
-    """Silent: --ignore-label is a label of --labels (without them, or not among them, no position is
-    left out of the loss). Late: the labels of every training split (check_data)."""
+    """Silent: --ignore-label is a label of --labels (else no position is left out of the loss). Late:
+    the labels of every training split."""
     args = cfg.task
     if not args.labels:
         if args.ignore_label != "_":
@@ -37,21 +33,18 @@ def check_labels(cfg, training: bool) -> None:
                                  "dict.txt): pass the label that marks positions without a target")
     if training:
         for data, split in training_splits(cfg):
-            check_monolingual_split(os.path.join(data, args.labels), split, cfg.dataset.dataset_impl,
-                                    (path, len(labels)))
+            check_binarized(monolingual_split(os.path.join(data, args.labels), split, cfg.dataset.dataset_impl),
+                            (path, len(labels)))
 
 
 def check_data(cfg, task, reads) -> None:
     """The data directories, a translation task's language pair, and the splits the tool reads."""
-    paths = utils.split_paths(cfg.task.data)
-    for path in paths:
-        if not os.path.isdir(path):
-            raise FeedbackUsageError(f"data directory {path} not found: pass the --destdir of fairseq-preprocess")
+    paths = utils.split_paths(cfg.task.data)  # one missing: its dictionary, or a split, not found
     impl = cfg.dataset.dataset_impl
     if issubclass(task, LanguageModelingTask):
         dictionary = read_dictionary(os.path.join(paths[0], "dict.txt"))
         for path, split in reads:
-            check_monolingual_split(path, split, impl, dictionary)
+            check_binarized(monolingual_split(path, split, impl), dictionary)
     elif issubclass(task, TranslationTask):
         src, tgt = language_pair(cfg.task)
         if src is None or tgt is None:
@@ -63,9 +56,8 @@ def check_data(cfg, task, reads) -> None:
 
 
 def language_pair(task_cfg):
-    """(source, target) of a translation task's options: -s and -t, or as
-    fairseq infers them from the first data directory's files ((None, None)
-    if it cannot)."""
+    """(-s, -t) of a translation task, or as fairseq infers them from the first data directory ((None,
+    None) if it cannot)."""
     src, tgt = option(task_cfg, "source_lang", None), option(task_cfg, "target_lang", None)
     data = utils.split_paths(option(task_cfg, "data", None) or "")
     if (src is None or tgt is None) and data and os.path.isdir(data[0]):
@@ -74,13 +66,8 @@ def language_pair(task_cfg):
 
 
 def check_binarized(prefix: str, dictionary=None) -> None:
-    """A binarized split fairseq can read: with lines (a split of none is an
-    empty .bin, as every line holds at least its end-of-sentence token, and
-    numpy cannot map an empty file), not cut short (fairseq would read past
-    the end of a file, at some batch of some epoch) and, given its
-    `dictionary` (its path and its number of symbols), of no token beyond it
-    (binarized with another dictionary, or read with one cut short: the
-    model's embedding would fail at some batch)."""
+    """A binarized split fairseq can read: with lines (numpy cannot map an empty .bin), not cut short,
+    and, given its `dictionary` (path, number of symbols), of no token beyond it."""
     data, index = indexed_dataset.data_file_path(prefix), indexed_dataset.index_file_path(prefix)
     if os.path.isfile(data) and os.path.getsize(data) == 0:
         raise FeedbackUsageError(f"{data} holds no lines (fairseq-preprocess was given an empty file): "
@@ -111,8 +98,7 @@ MMAP_HEADER = struct.Struct("<9sQBQ")
 
 
 def _mmap_layout(index: str):
-    """(index bytes, data bytes, dtype of the tokens) that an index in
-    fairseq's mmap format counts, or None for an index in another format."""
+    """(index bytes, data bytes, dtype) that an index of fairseq's mmap format counts; None for another."""
     magic = indexed_dataset.MMapIndexedDataset.Index._HDR_MAGIC
     cut_short = FeedbackUsageError(f"{index} is cut short: binarize the split again with fairseq-preprocess")
     with open(index, "rb") as f:
@@ -137,48 +123,33 @@ def _mmap_layout(index: str):
     return index_bytes, offset + size * dtype.itemsize, dtype
 
 
-def check_split(prefix: str, impl, missing: str, dictionary=None) -> None:
-    """A split fairseq-preprocess wrote (PREFIX.bin and .idx), readable; `missing` says what to do without it."""
-    if not indexed_dataset.dataset_exists(prefix, impl=impl):
-        raise FeedbackUsageError(missing)
-    check_binarized(prefix, dictionary)
-
-
-def check_monolingual_split(data: str, split: str, impl=None, dictionary=None) -> None:
-    """DATA/SPLIT (fairseq-preprocess --only-source), present and readable."""
-    check_binarized(monolingual_split(data, split, impl), dictionary)
-
-
 def _bilingual_split(data: str, split: str, src: str, tgt: str, impl, dictionaries) -> None:
     """DATA/SPLIT.SRC-TGT.{SRC,TGT} (or TGT-SRC), as fairseq's translation task reads it; `dictionaries`
     by language."""
     pair = next((p for p in (f"{src}-{tgt}", f"{tgt}-{src}")
                  if indexed_dataset.dataset_exists(os.path.join(data, f"{split}.{p}.{src}"), impl=impl)), None)
-    expected = f"{split}.{src}-{tgt}.{src}.bin/.idx and {split}.{src}-{tgt}.{tgt}.bin/.idx"
     for lang in (src, tgt):
-        check_split(os.path.join(data, f"{split}.{pair or f'{src}-{tgt}'}.{lang}"), impl,
-                    f"split '{split}' not found in {data}: expected {expected} from fairseq-preprocess",
-                    dictionaries[lang])
+        prefix = os.path.join(data, f"{split}.{pair or f'{src}-{tgt}'}.{lang}")
+        if not indexed_dataset.dataset_exists(prefix, impl=impl):
+            raise FeedbackUsageError(f"split '{split}' not found in {data}: expected {split}.{src}-{tgt}.{src}.bin/"
+                                     f".idx and {split}.{src}-{tgt}.{tgt}.bin/.idx from fairseq-preprocess")
+        check_binarized(prefix, dictionaries[lang])
 
 
 def read_dictionary(path: str):
-    """(path, number of symbols) of a dictionary that the task will read, read by fairseq's
-    Dictionary.load, whose checks of its format (a word twice, a line without its count) so fail
-    before the tool creates anything."""
+    """(path, number of symbols) of a dictionary the task will read, read by fairseq's Dictionary.load."""
     return path, len(Dictionary.load(path))
 
 
 def scored_splits(cfg, tool: str):
-    """(data directory, split) of what fairseq-eval-lm and fairseq-validate score (no other tool without
-    a model to train reads a split)."""
+    """(data directory, split) of what fairseq-eval-lm and fairseq-validate score."""
     splits = {"eval_lm": [cfg.dataset.gen_subset], "validate": cfg.dataset.valid_subset.split(",")}.get(tool, [])
     return [(utils.split_paths(cfg.task.data)[0], split) for split in splits]
 
 
 def training_splits(cfg):
-    """(data directory, split) of what fairseq-train reads: the training split
-    of every data directory (one per epoch, in turn) and the validation
-    splits of the first."""
+    """(data directory, split) of what fairseq-train reads: every directory's training split, and the
+    validation splits of the first."""
     paths = utils.split_paths(cfg.task.data)
     valid = [] if cfg.dataset.disable_validation else cfg.dataset.valid_subset.split(",")
     return [(path, cfg.dataset.train_subset) for path in paths] + [(paths[0], split) for split in valid]

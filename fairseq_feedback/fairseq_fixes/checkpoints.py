@@ -1,25 +1,13 @@
-"""Checkpoints that never look complete when they are not.
+"""Checkpoints that never look complete when they are not ("complete": torch.save's zip archive has
+its central directory, written last).
 
-fairseq writes a save's first checkpoint to a temporary name and renames it,
-but copies it to the others (checkpoint_best.pt, checkpoint_last.pt) in place:
-a Ctrl-C, a kill or a full disk during that copy leaves a truncated
-checkpoint_last.pt, on which the next fairseq-train fails although complete
-copies lie beside it. Here every write and copy goes to a temporary name in
-the same folder and is renamed into place, and one the system refuses (a full
-disk) is removed and named in one line; and a run whose checkpoint_last.pt is
-missing, truncated (by a copy of an older fairseq, say) or behind a complete
-save of the same run beside it says so and resumes from the furthest complete
-checkpoint, by what the checkpoints record (checkpoint_to_resume), never from
-scratch. A file that is not a checkpoint, named on the command line (--path,
---restore-file) or among the checkpoints of --save-dir, is named in one line
-instead of torch's traceback (fairseq_feedback/checkpoint_files.py): fairseq
-reads every checkpoint through load_checkpoint_to_cpu, which patches.py wraps
-in loaded_in_one_line. What a checkpoint was trained with (its options) is
-read without its tensors (recorded_configuration), for trained_options.py
-to compare with a command line.
-
-"Complete" means torch.save's zip archive has its central directory, which
-is written last: a file cut short at any point lacks it.
+fairseq copied a save's checkpoint to checkpoint_last.pt in place: a kill or a full disk during the copy
+left it truncated, and the next run failed beside complete copies. Here every write and copy goes to a
+temporary name renamed into place, a write the system refuses is named in one line, and a run resumes
+from the furthest complete checkpoint by what they record (checkpoint_to_resume), never from scratch.
+A file that is no checkpoint is named in one line (checkpoint_files.py; patches.py wraps fairseq's
+load_checkpoint_to_cpu in loaded_in_one_line). recorded_configuration reads a checkpoint's options
+without its tensors, for trained_options.py.
 """
 
 import collections
@@ -58,10 +46,8 @@ class AtomicCopyPathManager(PathManager):
 
 
 def saved_whole(torch_persistent_save):
-    """fairseq's torch_persistent_save writes FILE.tmp and renames it into
-    place, but when a write fails it tries torch.save twice more into the same
-    open file, logs the traceback and leaves FILE.tmp behind; here it is
-    written once, through written_whole."""
+    """fairseq's torch_persistent_save, on a failed write, tried twice more into the same open file and
+    left FILE.tmp behind: here it is written once, through written_whole."""
 
     @functools.wraps(torch_persistent_save)
     def save(obj, filename, async_write: bool = False):
@@ -75,11 +61,8 @@ def saved_whole(torch_persistent_save):
 
 @contextlib.contextmanager
 def written_whole(path: str):
-    """A temporary name beside `path`, renamed to it when the block has
-    written it; otherwise removed, and a write the system refused (a full
-    disk, a file-size limit: torch.save hides the reason behind its own
-    error) ends in one line: the next run resumes from the newest complete
-    checkpoint."""
+    """A temporary name beside `path`, renamed to it when the block has written it; otherwise removed,
+    and a write the system refused (torch.save hides it behind its own error) ends in one line."""
     partial = path + ".tmp"
     try:
         yield partial
@@ -95,9 +78,7 @@ def written_whole(path: str):
 
 
 def loaded_in_one_line(load_checkpoint_to_cpu):
-    """fairseq's load_checkpoint_to_cpu, naming in one line a file it cannot
-    load as a checkpoint (checkpoint_files.read, which reads it without its
-    tensors first): cut short, refused, or not a checkpoint at all."""
+    """fairseq's load_checkpoint_to_cpu, naming in one line a file it cannot load as a checkpoint."""
 
     @functools.wraps(load_checkpoint_to_cpu)
     def load(path, *args, **kwargs):
@@ -113,10 +94,8 @@ def loaded_in_one_line(load_checkpoint_to_cpu):
 
 
 def recorded_configuration(path: str):
-    """The options a complete checkpoint was trained with, as .model and
-    .task (each a dict, or fairseq's argparse Namespace of every option), and
-    the names of all it records (.names), read without loading its tensors;
-    None for a checkpoint that records none."""
+    """The options a checkpoint was trained with, as .model and .task (each a dict, or fairseq's argparse
+    Namespace), and the names of all it records (.names), without its tensors; None if it records none."""
     return configuration(checkpoint_files.read(path))
 
 
@@ -132,8 +111,7 @@ def configuration(state: dict):
 
 
 def _option_names(section) -> set:
-    """The names in a section of a configuration: a dict, or the Namespace of a model of fairseq's
-    argparse kind (none in a value)."""
+    """The names in a section of a configuration: a dict, or an argparse Namespace (none in a value)."""
     if isinstance(section, Namespace):
         return set(vars(section))
     return set(section) if hasattr(section, "keys") else set()
@@ -146,7 +124,6 @@ CHECKPOINT_NAMES = r"checkpoint(_last|_best|\d+|_\d+_\d+|\.best_.+)"
 @dataclasses.dataclass(frozen=True)
 class Progress:
     """How far training had gone at a save, as the checkpoint records it."""
-
     updates: int
     epoch: int
     iterations_in_epoch: int
@@ -173,20 +150,12 @@ Resumed = collections.namedtuple("Resumed", "path why")
 
 
 def checkpoint_to_resume(save_dir: str, suffix: str = "") -> Optional[Resumed]:
-    """The checkpoint a run into `save_dir` resumes from (.path), and why, where
-    it is not checkpoint_last.pt (.why); None when the folder holds none of
-    fairseq's checkpoints.
-
-    Chosen by what the complete checkpoints record, never by their files'
-    times, which a copy (cp -r), a backup or a sync sets in their own order:
-    checkpoint_last.pt, unless a save of the same run that came after it
-    records more updates (the copy to checkpoint_last.pt was cut short: a
-    kill, a full disk); where checkpoint_last.pt is missing or truncated, the
-    complete checkpoint that records the most updates (then the furthest
-    epoch, and position in it). A run that started over would overwrite that
-    work; a folder that holds checkpoints but none complete is refused. A file
-    of a checkpoint's name that is not one is named in one line.
-    """
+    """The checkpoint a run into `save_dir` resumes from (.path), and why where it is not
+    checkpoint_last.pt (.why); None when the folder holds none of fairseq's checkpoints. Chosen by what
+    the complete checkpoints record, never by their files' times (a copy, a backup or a sync sets them):
+    checkpoint_last.pt, unless a later save of the same run records more updates; where it is missing or
+    truncated, the one of the most updates (then epoch, and position in it). A folder of checkpoints none
+    complete is refused."""
     if not os.path.isdir(save_dir):
         return None
     names = re.compile(CHECKPOINT_NAMES + re.escape(suffix) + r"\.pt")
@@ -223,10 +192,8 @@ def checkpoint_to_resume(save_dir: str, suffix: str = "") -> Optional[Resumed]:
 
 
 def resume_from_a_complete_checkpoint(load_checkpoint):
-    """Wraps fairseq's checkpoint_utils.load_checkpoint (what fairseq-train
-    resumes with): a run into a --save-dir resumes from the checkpoint that
-    checkpoint_to_resume chooses, with a warning saying why where it is not
-    checkpoint_last.pt."""
+    """fairseq's load_checkpoint (fairseq-train's resume), from checkpoint_to_resume's choice, warning why
+    where it is not checkpoint_last.pt."""
 
     def load(cfg, trainer, **kwargs):
         suffix = trainer.checkpoint_suffix

@@ -1,25 +1,12 @@
-"""A fairseq tool's whole command line, checked before the tool creates anything: the entry, and the
-order of the checks.
+"""A fairseq tool's whole command line, checked before its main runs: the entry, and the order.
 
-fairseq-train creates --save-dir as its main begins, and fairseq-generate its --results-path; only
-then do they read the data, build the model and load checkpoints. What fairseq raises there is one
-line by one rule (one_line.py), and a folder the run created goes with it (patches.py); so a check
-runs before the tool only where fairseq would not raise in time: where it is silent (takes the
-mistake without a word) or late (fails once the run is under way), each labelled so where it is
-(option_values.py says how). patches.py has each tool call check_tool (train, eval-lm, interactive,
-validate, hydra-train: they hand their configuration to distributed_utils.call_main) or
-check_generate (fairseq-generate). In this order:
-
-- the model with the task, both as classes (the model is None unless the tool trains one, which it
-  builds from the command line): the models and tasks refuse a wrong pairing as they are built
-  (models/plugin_model.py), and here it comes first, so that no later check speaks of what follows
-  from it; a model with learned spans under a task that does not train them (silent);
-- the streaming task's options (tasks/feedback_language_modeling.py, check_stream_options);
-- fairseq's own options by their ranges, those that go together, the devices (option_values.py);
-- the model's options: fairseq's (option_values.py), then the decoder's (models/feedback_config.py);
-- the data the tool reads (binarized_files.py);
-- the checkpoints named on the command line and the one training continues from, against what they
-  were trained with (trained_options.py).
+What fairseq raises as a tool starts is one line (one_line.py), and a folder the run created goes
+with it (patches.py); so a check is here only where fairseq is silent or late (option_values.py says
+how). patches.py has each tool call check_tool (via distributed_utils.call_main) or check_generate.
+In this order: the model with the task (models/plugin_model.py; first, so that no later check speaks
+of what follows from a wrong pairing), the streaming task's options, fairseq's options and devices
+(option_values.py), the model's options (then models/feedback_config.py's), the data
+(binarized_files.py), and the checkpoints against what they were trained with (trained_options.py).
 """
 
 from fairseq import utils
@@ -43,8 +30,7 @@ def check_tool(cfg, tool: str) -> None:
 
 
 def check_generate(cfg) -> None:
-    """fairseq-generate: the model comes from --path (its parser's --arch is a
-    placeholder), and it reads --gen-subset."""
+    """fairseq-generate: the model comes from --path (its parser's --arch is a placeholder)."""
     _check(cfg, None, [(utils.split_paths(cfg.task.data)[0], cfg.dataset.gen_subset)], "generate")
 
 

@@ -1,16 +1,11 @@
-"""--model-overrides at inference: a model its parameters fit is read, and said; any other is refused.
+"""--model-overrides at inference: a model the checkpoint's parameters fit is read, and said; any other
+is refused.
 
-fairseq-generate, -eval-lm, -interactive and -validate build the model a
-checkpoint records, with --model-overrides, and load the parameters into
-it. An option that changes the parameters' shapes (a depth, a width, the
-span of learned relative positions) makes a model they do not fit: fairseq
-fails deep in load_state_dict, or, for one that adds no parameter, loads
-them into another model without a word. One that keeps their shapes (the
-span of a decoder without relative positions, an activation) is a
-legitimate experiment: decoding or scoring the trained parameters in
-another model. Which is which is found by building the model as asked, on
-torch's meta device (no memory, no computation), and comparing its
-parameters with the checkpoint's, whatever the option and the model.
+An override that changes the parameters' shapes (a depth, a width, the span of learned relative
+positions) made fairseq fail deep in load_state_dict, or, adding no parameter, load them into another
+model without a word; one that keeps them (the span of a decoder without relative positions) is a
+legitimate experiment. Which is which: the model asked for is built on torch's meta device (no memory)
+and its parameters' shapes compared with the checkpoint's.
 """
 
 import argparse
@@ -28,10 +23,8 @@ logger = logging.getLogger(__name__)
 
 
 def check_overridden_model(checkpoint: str, recorded, data, changed) -> None:
-    """`changed`: (name, trained value, asked value) of the options of the
-    model that --model-overrides changes, beyond what training may change
-    when it continues; `recorded`: what the checkpoint records
-    (checkpoints.recorded_configuration); `data`: the tool's data directory."""
+    """`changed`: (name, trained value, asked value) of what --model-overrides changes beyond MAY_CHANGE;
+    `recorded`: checkpoints.recorded_configuration's; `data`: the tool's data directory."""
     was = ", ".join(f"{name} {value}" for name, value, _ in changed)
     now = ", ".join(f"{name} {value}" for name, _, value in changed)
     misfits = parameters_that_do_not_fit(checkpoint, recorded, data, {name: value for name, _, value in changed})
@@ -45,9 +38,7 @@ def check_overridden_model(checkpoint: str, recorded, data, changed) -> None:
 
 
 def parameters_that_do_not_fit(checkpoint: str, recorded, data, overrides: dict) -> list:
-    """The checkpoint's parameters (and the model's) that do not fit the model
-    that `overrides` make of the one it records, as 'NAME: SHAPE in the
-    checkpoint, SHAPE asked', at most three."""
+    """'NAME: SHAPE in the checkpoint, SHAPE asked' for the parameters that differ (three, then a count)."""
     trained = {name: tuple(value.shape) for name, value in checkpoint_files.read(checkpoint)["model"].items()}
     task = tasks.setup_task(_with(recorded.task, data=data))
     with torch.device("meta"):  # the shapes, without the memory

@@ -1,26 +1,15 @@
-"""The one line that ends a fairseq tool run on a mistake, instead of a traceback.
-
-fairseq's tools let every exception escape with a traceback, even for a
-missing file. one_line() gives the line to print instead, by one rule
+"""The one line that ends a fairseq tool run on a mistake, instead of a traceback, by one rule
 (docs/reliability.md, "One line for a mistake, a traceback for a defect"):
 
-- this plugin's FeedbackUsageError: its message, which says what to change;
-- a path the system refused, and the few exceptions of fairseq whose message
-  one line can complete (a sentence too long; a checkpoint whose parameters
-  do not fit the model): a line naming the fix;
-- any other exception raised in fairseq's code (fairseq, fairseq_cli,
-  omegaconf, hydra: origin.py tells), which checks and uses what the user
-  gave (options, files, checkpoints): its type and message in fairseq's own
-  words, where it was raised (the module, the options of the command line
-  that its message names or its failing statement reads, the file fairseq
-  was reading) and how to see the whole traceback
-  (FAIRSEQ_FEEDBACK_TRACEBACK=1);
-- None for an exception raised in this plugin's code (or in a program of
-  one's own): a defect, whose traceback must show.
+- this plugin's FeedbackUsageError: its message; a path the system refused, and the few exceptions of
+  fairseq whose message one line can complete (a sentence too long; parameters that do not fit): a line
+  naming the fix;
+- any other exception raised in fairseq's code (origin.py tells): its type and message in fairseq's
+  words, where it was raised (the module, the options its message names or its failing statement
+  reads, the file it was reading) and how to see the traceback (FAIRSEQ_FEEDBACK_TRACEBACK=1);
+- None for one raised in this plugin's code (or a program of one's own): a defect, whose traceback shows.
 
-fairseq's tools print it through the exception hook of patches.py; this
-project's tools through their main. With FAIRSEQ_FEEDBACK_TRACEBACK set,
-every exception keeps its traceback.
+fairseq's tools print it through patches.py's exception hook; this project's tools through their main.
 """
 
 import os
@@ -44,7 +33,7 @@ def one_line(exc: BaseException):
     if os.environ.get(TRACEBACK):
         return None
     if isinstance(exc, KeyboardInterrupt):  # Ctrl-C, or a kill (runs.py), wherever it landed
-        return _interrupted(_tool())
+        return _interrupted(fairseq_tool())
     if not isinstance(exc, Exception):  # an exit: as Python shows it
         return None
     raised = origin.raised(exc)
@@ -66,9 +55,9 @@ def _interrupted(tool: str) -> str:
             "--results-path keeps the results it held); rerun the same command, which starts over")
 
 
-def _tool() -> str:
-    """The fairseq tool this process runs, as its command is named (fairseq-train): run by `python -m`, or
-    as a console script."""
+def fairseq_tool() -> str:
+    """The fairseq tool this process runs, as its command is named (fairseq-train), started by `python -m`
+    or as a console script (also under torchrun); empty for any other program."""
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)
     if spec is not None and spec.name.startswith("fairseq_cli."):
         return "fairseq-" + spec.name.rsplit(".", 1)[-1].replace("_", "-")
@@ -77,7 +66,6 @@ def _tool() -> str:
 
 
 def _named_mistake(exc: Exception):
-    """The line for a mistake that this plugin names with its fix."""
     if isinstance(exc, FeedbackUsageError):
         return str(exc)
     if isinstance(exc, OSError) and exc.filename and exc.errno in PATH_FIXES:
@@ -97,7 +85,6 @@ def _named_mistake(exc: Exception):
 
 
 def _in_fairseqs_words(raised):
-    """fairseq's exception as one line; None for one raised elsewhere."""
     frame = origin.deciding_frame(raised.frames)
     if not origin.in_fairseq(frame):
         return None
@@ -110,10 +97,9 @@ def _in_fairseqs_words(raised):
 
 
 def _where(frames, message):
-    """Where fairseq raised: its module (and, in omegaconf's or hydra's, the module of fairseq's that
-    called it), the options of the command line that its message names or the statement that failed
-    reads (or, if none, the statement that called it, up to NEAR frames out), and the file it was
-    reading."""
+    """Where fairseq raised: its module (in omegaconf's or hydra's, with fairseq's that called it), the
+    options its message names or the failing statement reads (else a caller's, up to NEAR frames out),
+    and the file it was reading."""
     inner = origin.fairseq_frames(frames)  # innermost first
     modules = [origin.module_name(frame) for frame in inner]
     called_from = next((f", from {name}" for name in modules if name.startswith("fairseq")), "")

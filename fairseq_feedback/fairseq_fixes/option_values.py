@@ -1,18 +1,11 @@
-"""Option values from the command line that fairseq cannot work with and would not refuse in time,
-checked before the run: fairseq's numeric options by their ranges, the options that go together,
-the layers to keep, the devices. command_line.py calls them in order.
+"""Option values from the command line that fairseq cannot work with and would not refuse in time:
+its numeric options by their ranges, options that go together, the layers to keep, the devices.
 
-Any other mistake in a value is fairseq's to find: it raises as the tool starts (--temperature 0,
---adam-betas '(0.9)', --seed -1, --decoder-output-dim 0), and the one-line rule (one_line.py) names
-it, with nothing half-written (patches.py). A check is here only where fairseq is
-
-- silent: it takes the value without a word (a --label-smoothing of 1.5 and a negative --lr train
-  on; an option the model or the tool does not read is taken whatever it is), or the process dies
-  without one (--required-batch-size-multiple 0: a division by zero in fairseq's compiled batching);
-- late: it fails on the value only once the run is under way (--nbest 0: once the whole test set is
-  generated, as it scores it; --update-freq 1,0: as the second epoch begins).
-
-Each range and each check says which.
+What fairseq raises as the tool starts (--adam-betas '(0.9)', --seed -1, --decoder-output-dim 0) is
+its one line (one_line.py). A check is here only where fairseq is silent (a --label-smoothing of 1.5
+and a negative --lr train on; an option nothing reads is taken whatever it is; the process dies without
+a word: --required-batch-size-multiple 0, in compiled batching) or late (--nbest 0: once the whole test
+set is generated; --update-freq 1,0: as the second epoch begins). Each says which.
 """
 
 import argparse
@@ -29,21 +22,17 @@ MISSING = object()
 
 
 def option(options, name, missing=MISSING):
-    """An option of a configuration (a dict, omegaconf's, or an argparse Namespace); `missing` if it has none."""
+    """An option of a configuration (a dict, omegaconf's, an argparse Namespace); `missing` if it has none."""
     if isinstance(options, argparse.Namespace):
         return getattr(options, name, missing)
     return options.get(name, missing)
 
 
-# The ranges of fairseq's options (option_ranges.py), in every section of a configuration that has them:
-# options a configuration lacks (the encoder's, for a language model; the model's, for a tool that reads
-# it from a checkpoint; the optimizer's, the scheduler's and the criterion's but those chosen) or leaves
-# unset are skipped.
+# The ranges of fairseq's options (option_ranges.py); an option a configuration lacks or leaves unset is skipped
 AT_LEAST_1, AT_LEAST_0, ABOVE_0 = {"at_least": 1}, {"at_least": 0}, {"above": 0}
 PROBABILITY = {"at_least": 0, "below": 1}  # a dropout of 1 zeroes every activation
 
-# silent: a model's options, for fairseq's models and this plugin's (which read them too; a decoder of no
-# layers trains), or a model that does not read them (--character-embedding-dim without character embeddings)
+# silent: a model's options (a decoder of no layers trains; --character-embedding-dim without character embeddings)
 MODEL_RANGES = {
     **dict.fromkeys(("max_target_positions", "decoder_layers", "decoder_ffn_embed_dim", "encoder_ffn_embed_dim",
                      "character_embedding_dim", "quant_noise_pq_block_size"), AT_LEAST_1),
@@ -96,7 +85,7 @@ SECTIONS = ("common", "distributed_training", "dataset", "optimization", "checkp
 
 
 def check_model_options(model_cfg, model) -> None:
-    """The options of a model trained (or built from options): fairseq's, then the decoder's."""
+    """fairseq's options of a model trained (or built from options), then the decoder's."""
     check_ranges(model_cfg, MODEL_RANGES)
     check_layers_to_keep(model_cfg)
     if issubclass(model, PluginModel):
@@ -104,8 +93,8 @@ def check_model_options(model_cfg, model) -> None:
 
 
 def check_layers_to_keep(model_cfg) -> None:
-    """Silent: --encoder-layers-to-keep and --decoder-layers-to-keep, numbers of layers of the model,
-    each once; fairseq builds as many layers as the list has items, whatever they are ('x' trained one)."""
+    """Silent: --decoder-layers-to-keep (and the encoder's) are numbers of layers, each once (fairseq builds
+    as many layers as the list has items: 'x' trained one)."""
     for side in ("encoder", "decoder"):
         given = option(model_cfg, f"{side}_layers_to_keep", None)
         if not given:
@@ -119,7 +108,7 @@ def check_layers_to_keep(model_cfg) -> None:
 
 
 def check_fairseq_options(cfg) -> None:
-    """The options of fairseq's sections, by their ranges, and those that go together (each silent)."""
+    """fairseq's sections by their ranges, and the options that go together (each silent)."""
     for name in SECTIONS:
         options = cfg.get(name)
         if options is not None:
@@ -139,8 +128,7 @@ def check_fairseq_options(cfg) -> None:
 
 
 def check_shards(cfg, tool) -> None:
-    """Silent: --num-shards and --shard-id shard the split of fairseq-eval-lm and fairseq-generate
-    (patches.py); the other tools take them without a word and read their data whole."""
+    """Silent: the tools but fairseq-eval-lm and fairseq-generate (patches.py) read their data whole."""
     dataset = cfg.get("dataset")
     if tool not in ("eval_lm", "generate") and dataset is not None and dataset.num_shards > 1:
         raise FeedbackUsageError(f"fairseq-{tool.replace('_', '-')} reads its data whole, not by --num-shards: those "
@@ -149,9 +137,8 @@ def check_shards(cfg, tool) -> None:
 
 
 def check_spawned_ranks(cfg) -> None:
-    """Silent: fairseq starts one process per GPU for distributed training that it launches itself
-    (without --distributed-no-spawn): with none, it starts none and ends with exit status 0, having
-    trained nothing."""
+    """Silent: fairseq spawns one process per GPU (without --distributed-no-spawn): with none, it trained
+    nothing, exit status 0."""
     distributed = cfg.get("distributed_training")
     if distributed is None or distributed.distributed_no_spawn or distributed.get("tpu") \
             or distributed.distributed_init_method is None or torch.cuda.device_count() > 0:
@@ -166,10 +153,8 @@ HALF_PRECISION = ("memory_efficient_fp16", "memory_efficient_bf16", "fp16", "bf1
 
 
 def check_precision(cfg) -> None:
-    """Silent: half precision where fairseq does not compute it as asked. --amp autocasts on a GPU
-    only: elsewhere fairseq computes in float32; --bf16 implies --tpu, through torch_xla: without it
-    fairseq-eval-lm scores in float32. (fairseq-train's --fp16 on the CPU fails as it starts, in one
-    line; with --fp16-no-flatten-grads it trains in float16 there.)"""
+    """Silent: half precision fairseq does not compute as asked: --amp off a GPU, and --bf16 (it implies
+    --tpu) without torch_xla, are float32. (--fp16 on the CPU fails as it starts: fairseq's one line.)"""
     common = cfg.get("common")
     if common is None:
         return

@@ -1,14 +1,10 @@
-"""Where an exception was raised: in fairseq's code (fairseq, fairseq_cli, omegaconf, hydra), or in
-this plugin's (or in a program of one's own).
+"""Whose exception it is: fairseq's (fairseq, fairseq_cli, omegaconf, hydra), or this plugin's (or a
+program of one's own).
 
-The frames of its traceback are read from the innermost outwards; those of Python's standard
-library and of the other libraries installed beside fairseq (torch, numpy, ...), which run what
-they are asked to, are passed over, and the first other frame decides. torch's operators written
-in C++ have no frame of their own: their error belongs to the Python code that called them. An
-exception that torch carried from another process as text (a rank of torch.multiprocessing.spawn,
-which fairseq starts for several GPUs; a DataLoader worker, for --num-workers above 0) is read from
-that text: its frames come after those of the process that re-raised it, and its type and message
-are the original's.
+Its frames are read from the innermost out, passing over the standard library's and the other installed
+libraries' (torch, numpy: they run what they are asked to; torch's C++ operators have no frame): the
+first other frame decides. An exception torch carried as text from another process (a rank of
+torch.multiprocessing.spawn, a DataLoader worker) is read from that text: its frames, type and message.
 """
 
 import dataclasses

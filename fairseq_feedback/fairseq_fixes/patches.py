@@ -1,64 +1,38 @@
 """fairseq's bugs and gaps that this plugin works around, each with the fairseq issue it answers.
 
-They are applied when one of fairseq's command-line tools loads the plugin
-(--user-dir); a program of one's own that imports it is left as it was
-(this project's tools and tests, which run fairseq's code themselves, call
-apply()), but for the first fix below, which importing the plugin applies
-everywhere, since fairseq's data classes fail without it in any program:
+Applied when a fairseq tool loads the plugin (--user-dir); a program of one's own that imports it
+(this project's tools and tests call apply()) gets only the first, which fairseq's data classes need
+in any program:
 
-- numpy 2 removed what fairseq's data classes still call (fairseq issue
-  5639): np.compat.long, in TokenBlockDataset (--sample-break-mode eos,
-  fairseq-interactive on a language model) and LanguagePairDataset
-  (--num-batch-buckets), and np.percentile's `interpolation`, in the buckets
-  of --num-batch-buckets (numpy 2.4). The modules that call them see numpy
-  with both (np.compat.long is Python's int, as in numpy 1; `interpolation`
-  is passed on as `method`); numpy itself is left as it is.
-- --log-file adds a handler to the log of fairseq's progress bars at every
-  training epoch, so each line reached the file once per epoch trained so far
-  (no fairseq issue names it; it came with --log-file, fairseq commit
-  da0432a3): a second handler of a file goes, and one the system stops
-  taking (a full disk) is one warning, not a traceback per line (runs.py).
-- batch_by_size drops the last batch when it holds fewer sentences than
-  --required-batch-size-multiple (8 by default): fairseq-generate leaves
-  test sentences out of its score without a word, and training skips them
-  (fairseq issues 5036, 5351). Batches stay as fairseq makes them; the
-  sentences of the dropped batch come back as a last batch of their own.
-- checkpoints are copied in place, so an interrupted save can leave a
-  truncated checkpoint_last.pt that the next run cannot resume from
-  (fairseq issue 2684): copies go through a temporary name, and a truncated
-  checkpoint_last.pt is passed over for the furthest complete checkpoint
-  of the same run, by what the checkpoints record (checkpoints.py).
-- torch >= 2.6 loads with weights_only=True and fairseq passes nothing, so
-  its checkpoints do not load (fairseq issues 5603, 5610): exactly the
-  classes fairseq stores are allowed (fairseq_feedback/safe_checkpoints.py).
-- fairseq-train creates --save-dir, and fairseq-generate --results-path,
-  before anything is read (fairseq issue 1986): the command line is checked
-  before the tool's main runs (command_line.py), a checkpoint file before
-  torch reads it, and a split before numpy maps it (an empty one: fairseq
-  issue 3903; one cut short). What the tool created for a run that then
-  failed is removed if it holds nothing.
-- every mistake ends in a traceback, even a missing file (fairseq issues
-  974, 2831): an exception that fairseq's code raised, and the mistakes this
-  plugin names, print one line (one_line.py; origin.py tells fairseq's from
-  ours, in a rank fairseq spawned too), and a checkpoint that weights-only
-  loading refuses is named in one line, without torch's advice to turn the
-  check off (checkpoints.py). What a run that failed created holds nothing
-  half-written: fairseq-generate's results file goes, and a --save-dir the
-  run created goes with fairseq's crash.pt unless it holds checkpoints.
-- fairseq-generate shards its split by its ranks alone, so --num-shards
-  and --shard-id were ignored on one device: every shard translated the
-  whole split (no fairseq issue names it; fairseq-eval-lm shards by
-  either): it shards by them.
-- fairseq prefetches batches in a daemon thread (BufferedIterator's
-  BackgroundConsumer); one still making a batch when the tool ends is
-  stopped by CPython inside a call to torch, which aborts the process
-  ("terminate called without an active exception", exit status 134, after
-  a run that finished: fairseq-train with CUDA graphs on an H100, whose last
-  updates outran the prefetching; no fairseq issue names it): at exit each
-  is stopped after the batch it is making, and joined.
-- fairseq composes its configuration through hydra's deprecated API, whose
-  warnings (twenty lines) come before anything the tool prints: they are
-  silenced (hydra itself has no switch for them).
+- numpy 2 removed np.compat.long, which TokenBlockDataset (--sample-break-mode eos, fairseq-interactive
+  on a language model) and LanguagePairDataset (--num-batch-buckets) call, and np.percentile's
+  `interpolation` (the buckets, numpy 2.4) (fairseq issue 5639): those modules see numpy with both.
+- --log-file adds a handler to the progress bars' log at every epoch, so each line reached the file once
+  per epoch so far (fairseq commit da0432a3): a second handler of a file goes, and a file the system
+  stops taking (a full disk) is one warning, not a traceback per line (runs.py).
+- batch_by_size drops a last batch of fewer sentences than --required-batch-size-multiple (8): generate
+  left them out of its score, training skipped them (fairseq issues 5036, 5351): they come back as a
+  last batch of their own.
+- checkpoints are copied in place, so an interrupted save could leave a truncated checkpoint_last.pt
+  that no run resumes from (fairseq issue 2684): copies go through a temporary name, and a run resumes
+  from the furthest complete checkpoint, by what they record (checkpoints.py).
+- torch >= 2.6 loads with weights_only=True, and fairseq's checkpoints did not load (fairseq issues
+  5603, 5610): exactly the classes fairseq stores are allowed (safe_checkpoints.py).
+- fairseq-train creates --save-dir, and fairseq-generate --results-path, before anything is read
+  (fairseq issue 1986): the command line is checked before the tool's main (command_line.py), a
+  checkpoint file before torch reads it, a split before numpy maps it (empty: fairseq issue 3903; cut
+  short); a folder the failed run created goes if it holds nothing (with fairseq's crash.pt).
+- every mistake ended in a traceback, even a missing file (fairseq issues 974, 2831): fairseq's
+  exceptions and the plugin's named mistakes print one line (one_line.py, origin.py), in a spawned
+  rank too; a checkpoint that weights-only loading refuses is named without torch's advice to turn the
+  check off (checkpoints.py); a failed generate's results file goes.
+- fairseq-generate sharded its split by its ranks alone: on one device every --shard-id translated the
+  whole split (no fairseq issue names it; fairseq-eval-lm shards by either): it shards by them.
+- a prefetching thread (BackgroundConsumer) still making a batch at exit was stopped inside torch: "terminate
+  called without an active exception", exit status 134, after a finished fairseq-train with CUDA graphs on
+  an H100 (no fairseq issue names it): at exit each is stopped after its batch.
+- hydra's deprecation warnings about how fairseq calls it (twenty lines before anything the tool
+  prints) are silenced.
 """
 
 import atexit
@@ -85,24 +59,12 @@ from ..safe_checkpoints import allow_fairseq_checkpoints
 from .binarized_files import check_binarized
 from .checkpoints import AtomicCopyPathManager, loaded_in_one_line, resume_from_a_complete_checkpoint, saved_whole
 from .command_line import check_generate, check_tool
-from .one_line import one_line
+from .one_line import fairseq_tool, one_line
 from .runs import LOG_FILE_HANDLERS, held, is_rank_zero, results_moved_into_place, sigterm_as_ctrl_c_in_every_process
 
 
-def in_a_fairseq_tool() -> bool:
-    """Whether this process is one of fairseq's command-line tools, started as
-    `python -m fairseq_cli.train` (and the like) or as a console script
-    (fairseq-train, also under torchrun). A --user-dir plugin is imported by
-    the tool's main, once the tool is __main__."""
-    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-    if spec is not None:
-        return spec.name.startswith("fairseq_cli.")
-    return os.path.basename(sys.argv[0] if sys.argv else "").startswith("fairseq-")
-
-
 def tool_name(main) -> str:
-    """The name of the fairseq tool whose `main` this is, as fairseq_cli names
-    its module (train, eval_lm, ...): `python -m` runs it as __main__."""
+    """The module in fairseq_cli of the tool whose `main` this is (train, eval_lm, ...)."""
     module = main.__module__
     if module == "__main__":
         module = getattr(getattr(sys.modules["__main__"], "__spec__", None), "name", "")
@@ -110,10 +72,9 @@ def tool_name(main) -> str:
 
 
 def apply_on_import() -> None:
-    """What importing the plugin does: fairseq's data classes run on numpy 2 in
-    any program; the other fixes only in fairseq's tools."""
+    """What importing the plugin does: the numpy 2 fix in any program, every fix in fairseq's tools."""
     give_fairseq_numpy_1_names()
-    if in_a_fairseq_tool():
+    if fairseq_tool():  # a --user-dir plugin is imported by the tool's main, once the tool is __main__
         apply()
 
 
@@ -182,16 +143,14 @@ HYDRA_DEPRECATIONS = (
 
 
 def silence_hydra_deprecations() -> None:
-    """hydra's deprecation warnings about how fairseq calls it; for this
-    project's tools too, which build fairseq's configurations themselves."""
+    """Also for this project's tools, which build fairseq's configurations themselves."""
     for message in HYDRA_DEPRECATIONS:
         warnings.filterwarnings("ignore", message=r"\s*" + message, category=UserWarning)
 
 
 def stop_prefetching(timeout: float = 60.0) -> None:
-    """Each of fairseq's prefetching threads stopped after the batch it is
-    making, and joined (within `timeout` seconds in all): at exit, before
-    CPython stops daemon threads wherever they are."""
+    """At exit, before CPython stops daemon threads wherever they are: each of fairseq's prefetching
+    threads stopped after its batch, and joined (within `timeout` seconds in all)."""
     deadline = time.monotonic() + timeout
     for thread in threading.enumerate():
         if isinstance(thread, iterators.BackgroundConsumer):
@@ -235,11 +194,9 @@ def _checked_first(function, check):
 
 
 def _tool_checked_first(call_main):
-    """distributed_utils.call_main(cfg, main), through which fairseq's tools
-    run their main: the command line checked first; fairseq-train's
-    --save-dir held for the run (runs.py), and removed if the run created it
-    and failed, with the crash.pt fairseq's trainer saves there when an
-    update fails, unless it holds checkpoints."""
+    """distributed_utils.call_main(cfg, main), through which fairseq's tools run their main: the command
+    line checked first; fairseq-train's --save-dir held (runs.py), and removed if the run created it and
+    failed, with the crash.pt fairseq saves on a failed update, unless it holds checkpoints."""
 
     @functools.wraps(call_main)
     def checked(cfg, main, **kwargs):
@@ -256,10 +213,8 @@ def _tool_checked_first(call_main):
 
 
 def _generate_checked_first(main):
-    """fairseq-generate's main, given its configuration once converted (it
-    converts a Namespace itself) and checked; its --results-path held for the
-    run, its results moved into place when complete (runs.py), and the
-    folder removed if the run created it and failed."""
+    """fairseq-generate's main, given its configuration converted and checked; its --results-path held,
+    its results moved into place when complete (runs.py), the folder removed if the run made it and failed."""
 
     @functools.wraps(main)
     def checked(cfg):
@@ -279,12 +234,8 @@ def _generate_checked_first(main):
 
 
 def sharded_as_asked(cfg):
-    """fairseq-generate's configuration, sharding its split by --num-shards and
-    --shard-id: fairseq-generate shards by its ranks alone (a run on one
-    device has one), so a run given --shard-id 1 of 2 translated the whole
-    split, as every other shard did, and without a word (fairseq-eval-lm
-    shards by either). Its main starts no ranks: the ranks it reads are only
-    its shard."""
+    """fairseq-generate's configuration, its ranks (which its main reads, and starts none of) set to
+    --num-shards and --shard-id: it shards by its ranks alone."""
     dataset, distributed = cfg.dataset, cfg.distributed_training
     if dataset.num_shards == 1 or distributed.distributed_world_size > 1:
         return cfg
@@ -297,8 +248,8 @@ def sharded_as_asked(cfg):
 
 @contextlib.contextmanager
 def _nothing_half_written(folder, leftovers=()):
-    """A folder that the block creates is removed if the block fails, with
-    the `leftovers` of the failure written there, if that leaves it empty."""
+    """A folder that the block creates is removed if the block fails, with the `leftovers` written
+    there, if that leaves it empty."""
     created = folder is not None and not os.path.exists(folder)
     try:
         yield

@@ -1,25 +1,12 @@
 """What a run of fairseq-train or fairseq-generate writes, kept whole however the run ends.
 
-fairseq-train writes its --save-dir and fairseq-generate its --results-path
-as they go: two runs into one folder both ended with exit status 0, their
-checkpoints or results mixed; fairseq-generate wrote its results file in
-place, so Ctrl-C replaced a complete earlier result with part of a new
-one; a folder that could not be written was found when the first write
-failed, after the work (a link to nothing, a read-only disk); and a kill
-(SIGTERM) ended a run at once, leaving all of that. Here:
-
-- `held`: the folder is made (or found) and tried for writing before the
-  work, then held for the run alone: a second run into it is refused in
-  one line. An flock on the folder itself, which the system releases when
-  the process ends, however it ends, so a killed run never blocks the next.
-- `results_moved_into_place`: fairseq-generate writes its results under a
-  hidden name in --results-path, renamed into place when the run
-  completes; an interrupted or failed run leaves the previous results as
-  they were.
-- `sigterm_as_ctrl_c_in_every_process`: a kill ends a run as Ctrl-C does,
-  and one_line.py names an interruption in one line.
-- `LOG_FILE_HANDLERS`: a --log-file written once per line, and one the
-  system stops taking (a full disk) one warning, the run going on.
+fairseq let two runs into one folder mix their checkpoints or results (exit status 0), wrote generate's
+results in place (Ctrl-C replaced a complete result with part of one), found an unwritable folder after
+the work, and a kill (SIGTERM) ended a run at once. Here: `held` makes the folder (or finds it), tries
+a write, and holds it for the run alone by an flock the system releases however the process ends;
+`results_moved_into_place` writes generate's results under a hidden name, renamed when complete;
+`sigterm_as_ctrl_c_in_every_process` ends a kill as Ctrl-C (one_line.py's line); `LOG_FILE_HANDLERS`
+writes a --log-file once per line, and a file the system stops taking is one warning.
 """
 
 import contextlib
@@ -66,18 +53,16 @@ def held(folder: str, option: str) -> Iterator[None]:
 
 
 def is_rank_zero(cfg) -> bool:
-    """Whether this process is the first of its job, which holds the job's
-    folders: torchrun and SLURM name the rank in the environment before
-    fairseq reads it; otherwise the command line does (0 for one process, and
-    for the parent that spawns the others)."""
+    """Whether this process is the first of its job, which holds its folders: by the rank torchrun or SLURM
+    set, else the command line's (0 for one process, and for the parent that spawns the others)."""
     rank = os.environ.get("RANK", os.environ.get("SLURM_PROCID"))
     return int(rank if rank is not None else cfg.distributed_training.distributed_rank or 0) == 0
 
 
 @contextlib.contextmanager
 def results_moved_into_place(cfg) -> Iterator[object]:
-    """fairseq-generate's configuration with --results-path a hidden folder in
-    it, whose results file replaces the real one when the block completes."""
+    """fairseq-generate's configuration with --results-path a hidden folder in it, whose results file
+    replaces the real one when the block completes."""
     folder = cfg.common_eval.results_path
     name = f"generate-{cfg.dataset.gen_subset}.txt"
     partial = os.path.join(folder, f".{name}.partial")
@@ -101,14 +86,9 @@ def results_moved_into_place(cfg) -> Iterator[object]:
 
 @contextlib.contextmanager
 def sigterm_as_ctrl_c_in_every_process() -> Iterator[None]:
-    """Within the block, SIGTERM raises KeyboardInterrupt, through Python's own
-    handler of Ctrl-C, in the run and in any process forked from it: the run's
-    partial outputs are removed, the processes it started are stopped, and it
-    ends with its one line. fairseq's ranks are spawned, not forked, and
-    torch's DataLoader workers, which are forked, end quietly on
-    KeyboardInterrupt. (A Pool's workers, which this project's commands fork,
-    must die as killed, not print a traceback each: fairseq_feedback_cli's
-    command_line.sigterm_as_ctrl_c_in_this_process, not imported here.)"""
+    """Within the block, SIGTERM raises KeyboardInterrupt (Python's handler of Ctrl-C) in the run and any
+    process forked from it (torch's DataLoader workers end quietly on it; fairseq's ranks are spawned).
+    A Pool's workers must die as killed instead: fairseq_feedback_cli's command_line.py."""
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         yield
@@ -117,11 +97,9 @@ def sigterm_as_ctrl_c_in_every_process() -> Iterator[None]:
 
 
 class _LogFileHandlers(logging.Filter):
-    """On the loggers fairseq-train's --log-file writes to, as a record passes, before it is written:
-    a second handler of a file goes (fairseq adds one to the progress bars' logger at every epoch, and
-    each line reached the file once per epoch so far), and each handler takes a write the system
-    refuses (a full disk) as one warning, then writes no more and the run goes on (Python's logging
-    printed a traceback for each line: "--- Logging error ---", 187 in a short run, exit status 0)."""
+    """On the loggers --log-file writes to, as a record passes: a second handler of a file goes (fairseq
+    adds one at every epoch), and a write the system refuses is one warning, the handler then writing no
+    more (Python's logging printed "--- Logging error ---" and a traceback per line, exit status 0)."""
 
     def __init__(self, *loggers):
         super().__init__()

@@ -1,10 +1,8 @@
-"""A checkpoint against the command line: the checkpoints a tool reads (--path) present, and read as
-what they were trained for (the objective, --labels; a translation model's direction; what
---model-overrides changes of it); the one fairseq-train continues from, with the options and the
-objective it was trained with. Each check is here because fairseq is silent on some of what it
-refuses (option_values.py says what that means): it loads the parameters into a model that computes
-something else, or decodes in the other direction, without a word; --print-alignment with
---score-reference is late."""
+"""A checkpoint against the command line: read as what it was trained for (the objective, --labels; a
+translation model's direction; what --model-overrides changes), and continued with the options and
+objective it was trained with. fairseq is silent on these (option_values.py): it loads the parameters
+into a model that computes something else, or decodes the other direction, without a word;
+--print-alignment with --score-reference is late."""
 
 import argparse
 import ast
@@ -13,7 +11,6 @@ import os
 import types
 
 from fairseq import utils
-from fairseq.models import MODEL_REGISTRY
 
 from ..errors import FeedbackUsageError
 from ..models.feedback_config import may_change_on_resume
@@ -26,12 +23,9 @@ from .option_values import LATE_RANGES, MISSING, MODEL_RANGES, SILENT_RANGES, op
 
 
 def check_checkpoints(cfg, model, tool) -> None:
-    """The checkpoints a tool reads (--path) and, when training (`model`: the
-    class it builds), the one it continues from."""
+    """The checkpoints a tool reads (--path) and, training (`model`: the class it builds), the one it continues."""
     path = cfg.get("common_eval", {}).get("path")
-    for checkpoint in utils.split_paths(path) if path else []:
-        if not os.path.exists(checkpoint):  # a folder: named by checkpoint_files
-            raise FeedbackUsageError(f"checkpoint {checkpoint} not found: check --path")
+    for checkpoint in utils.split_paths(path) if path else []:  # a missing one: FileNotFoundError's line
         check_read_as_trained(cfg, checkpoint, tool)
     if model is not None:
         continued = continued_checkpoint(cfg)
@@ -40,10 +34,8 @@ def check_checkpoints(cfg, model, tool) -> None:
 
 
 def continued_checkpoint(cfg):
-    """(path, how it was named) of the checkpoint fairseq-train will continue
-    from, or None: the one --save-dir resumes from
-    (checkpoints.py), else --restore-file when named (which fairseq-train
-    silently replaces by a fresh model when it does not exist), else
+    """(path, how it was named) of the checkpoint fairseq-train continues, or None: the one --save-dir
+    resumes from (checkpoints.py), else --restore-file (fairseq silently starts afresh without it), else
     --finetune-from-model."""
     checkpoint = cfg.checkpoint
     if cfg.distributed_training.use_sharded_state:
@@ -83,32 +75,23 @@ INSTEAD = {"--save-dir": "start in another --save-dir", "--restore-file": "drop 
 
 
 def check_continued_as_trained(cfg, model, checkpoint, named) -> None:
-    """Training continues a model with the options it was trained with, and
-    with its objective: fairseq would build the model this command line
-    describes and fail to load the parameters into it (a traceback), or load
-    them into a model that computes something else, or train them on
-    another objective, without a word."""
+    """Training continues a model with the options and objective it was trained with (fairseq loads the
+    parameters into another model, or trains them on another objective, without a word)."""
     recorded = recorded_configuration(checkpoint)
     if recorded is None:
         return
     instead = INSTEAD[named]
     check_objective(cfg, recorded, checkpoint, "train", f", or {instead}")
-    trained = model_class(recorded.model)
-    if trained is not None and trained is not model:
-        raise FeedbackUsageError(f"{checkpoint} holds a {_model_name(trained)} model, and this command line builds "
-                                 f"a {_model_name(model)}: continue it with its --arch, or {instead}")
-    differ = other_model(model, recorded.model, cfg.model)
-    if differ:
+    differ = model_class(recorded.model) in (None, model) and other_model(model, recorded.model, cfg.model)
+    if differ:  # another model class: fairseq's "Cannot load model parameters" (one_line.py)
         was, now = differ
         raise FeedbackUsageError(f"{checkpoint} was trained with {was}, and this command line asks for {now}: "
                                  f"continue it with {was}, or {instead}")
 
 
 def other_model(model, a, b):
-    """The options of `model` (a class) in which two configurations of it
-    (recorded by checkpoints, or a command line's) make other models, as two
-    command-line fragments, one for each; None when they make one model
-    (they differ at most in what MAY_CHANGE)."""
+    """The options of `model` (a class) in which two configurations of it make other models, as two
+    command-line fragments; None when they make one model (differing at most in what MAY_CHANGE)."""
     differ = [(name, option(a, name), option(b, name)) for name in sorted(model_options(model).keys() - MAY_CHANGE)
               if not (name in DERIVED and any(option(options, DERIVED[name], None) for options in (a, b)))]
     differ = [(name, x, y) for name, x, y in differ if MISSING not in (x, y) and not _same(x, y)]
@@ -122,9 +105,7 @@ def other_model(model, a, b):
 
 
 def check_read_as_trained(cfg, checkpoint, tool) -> None:
-    """A checkpoint given to a tool (--path): complete, and read as what it
-    was trained for. fairseq-validate reads the objective from the
-    checkpoint; the other tools take it from the command line."""
+    """A checkpoint given to a tool (--path): complete, and read as what it was trained for."""
     recorded = recorded_configuration(checkpoint)
     if recorded is None:
         return
@@ -141,9 +122,8 @@ def check_read_as_trained(cfg, checkpoint, tool) -> None:
 
 
 def check_objective(cfg, recorded, checkpoint, tool, instead="") -> None:
-    """A model trained to predict labels (--labels) is trained on, scored and sampled as one, and a
-    language model as one: `tool` reads the checkpoint (fairseq-validate reads the objective from it;
-    the others take it from the command line), or trains it on (train: `instead` says what else)."""
+    """A model of --labels is trained on, scored and sampled as one, a language model as one: `tool` reads
+    the checkpoint (fairseq-validate takes the objective from it), or trains it on (`instead`: what else)."""
     labels, given = option(recorded.task, "labels", None), cfg.task.get("labels")
     if labels and tool in ("eval_lm", "generate", "interactive"):
         does = "scores" if tool == "eval_lm" else "generates"
@@ -159,10 +139,8 @@ def check_objective(cfg, recorded, checkpoint, tool, instead="") -> None:
 
 
 def check_overrides(cfg, recorded, checkpoint) -> None:
-    """--model-overrides names options the checkpoint records (fairseq ignores any other), at values
-    they can take, and is a dict of names (fairseq takes a list without a word); what it changes of
-    the model beyond what training may change when it continues (MAY_CHANGE) keeps the parameters'
-    shapes, and is said (model_overrides.py)."""
+    """--model-overrides: a dict (fairseq takes a list without a word) of options the checkpoint records
+    (fairseq ignores any other), at values they can take; beyond MAY_CHANGE, model_overrides.py."""
     given = option(cfg.get("common_eval") or {}, "model_overrides", None)
     overrides = model_overrides(given)
     if given is None:
@@ -185,8 +163,7 @@ def check_overrides(cfg, recorded, checkpoint) -> None:
 
 
 def model_overrides(given):
-    """--model-overrides as fairseq evaluates it (None where it cannot: not a literal), as ast reads it,
-    without running it."""
+    """--model-overrides as ast reads it, without running it (None where it cannot)."""
     if not isinstance(given, str):
         return given
     try:
@@ -196,10 +173,8 @@ def model_overrides(given):
 
 
 def check_direction(cfg, recorded, checkpoint) -> None:
-    """A translation model is read in the direction it was trained: with -s
-    and -t swapped, fairseq feeds target-language text to the encoder (with
-    a joined dictionary, or dictionaries of equal size, it translates
-    nonsense with exit status 0; otherwise the dictionaries' sizes differ)."""
+    """A translation model is read in the direction it was trained: with -s and -t swapped and a joined
+    dictionary (or of equal sizes), fairseq translated nonsense with exit status 0."""
     trained = language_pair(recorded.task)  # recorded by fairseq-train with the plugin (check_data)
     asked = language_pair(cfg.task)
     if None in trained or None in asked or trained == asked or trained != asked[::-1]:
@@ -208,7 +183,6 @@ def check_direction(cfg, recorded, checkpoint) -> None:
     raise FeedbackUsageError(f"{checkpoint} translates {src} to {tgt}, and this command line asks for {tgt} to "
                              f"{src}: pass -s {src} -t {tgt} (a model translates the direction it was trained in; "
                              f"for {tgt} to {src}, train one with -s {tgt} -t {src})")
-
 
 
 def _same(a, b) -> bool:
@@ -226,6 +200,3 @@ def model_options(model) -> dict:
     model.add_args(parser)
     return {action.dest: action for action in parser._actions}
 
-
-def _model_name(model) -> str:
-    return next((name for name, cls in MODEL_REGISTRY.items() if cls is model), model.__name__)
