@@ -390,6 +390,13 @@ def test_cnn_dm_counts_what_it_made(tmp_path, capfd):  # capfd: sentencepiece wr
             "(the official archives give: examples/cnn_dm/README.md)") in capfd.readouterr().err
 
 
+def test_cnn_dm_too_few_pieces_for_the_text_is_one_line(tmp_path):
+    fx.write_cnn_dm_lines(tmp_path / "raw")
+    error = script_error(cnn, "--raw", tmp_path / "raw", *dirs(tmp_path), "--vocab-size", 5)
+    assert "sentencepiece cannot learn 5 pieces" in error and "Vocabulary size is smaller than required_chars" in error
+    assert "--vocab-size" in error and not (tmp_path / "data-bin" / "out").exists()
+
+
 def test_cnn_dm_missing_files_are_named(tmp_path):
     fx.write_cnn_dm(tmp_path / "raw")
     (tmp_path / "raw" / "url_lists" / "all_val.txt").unlink()

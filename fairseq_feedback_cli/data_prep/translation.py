@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence, Tuple
 
+from ..command_line import fail
 from .arguments import log, make_parser
 from .steps import binarize, dest_is_done, step
 from .text import apply_bpe, check_text, clean_corpus, count_lines, learn_bpe, log_counts, read_lines
@@ -68,13 +69,17 @@ class SentencePiece:
 
         log(f"training a {self.vocab_size} piece sentencepiece BPE model ...")
         with open(out / "spm_train.log", "w") as logfile:
-            spm.SentencePieceTrainer.train(
-                input=",".join(str(text / f"train.{lang}") for lang in langs),
-                model_prefix=str(out / self.model.rsplit(".", 1)[0]), model_type="bpe",
-                vocab_size=self.vocab_size, num_threads=workers, input_sentence_size=1_000_000,
-                shuffle_input_sentence=True, max_sentence_length=1 << 16,
-                hard_vocab_limit=False,  # a soft limit, so small corpora (tests) work too
-                logstream=logfile)
+            try:
+                spm.SentencePieceTrainer.train(
+                    input=",".join(str(text / f"train.{lang}") for lang in langs),
+                    model_prefix=str(out / self.model.rsplit(".", 1)[0]), model_type="bpe",
+                    vocab_size=self.vocab_size, num_threads=workers, input_sentence_size=1_000_000,
+                    shuffle_input_sentence=True, max_sentence_length=1 << 16,
+                    hard_vocab_limit=False,  # a soft limit, so small corpora (tests) work too
+                    logstream=logfile)
+            except RuntimeError as e:  # e.g. fewer pieces than the text has characters; its words follow a "] "
+                fail(f"sentencepiece cannot learn {self.vocab_size} pieces of {text}/train.*: "
+                     f"{str(e).rpartition('] ')[2].strip()} (--vocab-size)")
         sp = spm.SentencePieceProcessor(model_file=str(out / self.model))
         for split in SPLITS:
             for lang in langs:
