@@ -10,7 +10,8 @@
 toy: each folder is one model (its name) of one task (its parent folder's
 name), holding the test.UPDATES.json files of examples/toy/README.md
 (feedback-evaluate-toy --json, one per evaluated checkpoint): for each task, Table 1's
-token and episode accuracy against updates, in --out/TASK.png.
+token and episode accuracy against updates, in --out/TASK.png; with --family
+NAME, every task in one figure, a panel each, --out/NAME.png.
 
 log: each file is the --log-file of a fairseq-train run with --log-format
 json: the validation metric (--metric, as fairseq names it; --label names it
@@ -156,6 +157,7 @@ def main(argv=None):
     parser.add_argument("--benchmark", nargs="+", default=[],
                         help="price: feedback-benchmark --json files, which count each kind of model's operators")
     parser.add_argument("--metric", default="valid_ppl", help="log: the validation metric (default: %(default)s)")
+    parser.add_argument("--family", help="toy: one figure, NAME.png, with a panel per task")
     parser.add_argument("--title", default="", help="log: the figure's title")
     parser.add_argument("--label", help="log: the metric's name in the figure and the rows (default: --metric)")
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
@@ -170,9 +172,12 @@ def main(argv=None):
         os.makedirs(args.out, exist_ok=True)
         print("| task | model | updates | token accuracy | episode accuracy | training hours |")
         print("| --- | --- | ---: | ---: | ---: | ---: |")
-        for name, runs in sorted(toy_runs(args.inputs).items()):
-            task = next(iter(runs.values()))[-1]["task"]
-            plots.save(plots.toy_accuracy(runs, task, title=name), os.path.join(args.out, f"{name}.png"))
+        panels = {name: (runs, next(iter(runs.values()))[-1]["task"])
+                  for name, runs in sorted(toy_runs(args.inputs).items())}
+        figures = {args.family: panels} if args.family else {name: {name: panel} for name, panel in panels.items()}
+        for name, family in figures.items():
+            plots.save(plots.toy_family(family, title=name), os.path.join(args.out, f"{name}.png"))
+        for name, (runs, task) in panels.items():
             token, episode = METRICS[task]
             for model, results in runs.items():
                 last = results[-1]

@@ -24,9 +24,29 @@ def toy_accuracy(results, task, title=""):
     """The figure of token accuracy (solid) and episode accuracy (dashed) against updates, each model's
     best checkpoint (toy.scoring.best) starred on its token curve and labelled with its updates;
     results: {model: [feedback-evaluate-toy's results, by updates]}."""
+    return toy_family({"": (results, task)}, title)
+
+
+def toy_family(panels, title=""):
+    """toy_accuracy's figure with a panel per task, one above the other (a family of Table 1's tasks, or of
+    one task's settings, on one page); panels: {panel title: (results, task)}."""
     plt = _pyplot()
+    fig, axes = plt.subplots(len(panels), 1, figsize=(9, 4.5 if len(panels) == 1 else 3.4 * len(panels)),
+                             squeeze=False)
+    for ax, (name, (results, task)) in zip(axes[:, 0], panels.items()):
+        _toy_panel(plt, ax, results, task)
+        ax.set_title(name, fontsize=9)
+    title = "\n".join(textwrap.fill(line, 95) for line in title.splitlines())
+    if len(panels) == 1:
+        axes[0, 0].set_title(title or next(iter(panels)), fontsize=9)
+    else:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def _toy_panel(plt, ax, results, task):
     token_metric, line_metric = METRICS[task]
-    fig, ax = plt.subplots(figsize=(9, 4.5))
     models = []
     for (name, rs), color in zip(results.items(), colors(len(results))):
         updates = [r["updates"] for r in rs]
@@ -46,9 +66,6 @@ def toy_accuracy(results, task, title=""):
     ax.set_ylim(0, 100)
     ax.grid(alpha=0.3)
     ax.legend(handles=models + styles, loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8)
-    ax.set_title("\n".join(textwrap.fill(line, 95) for line in title.splitlines()), fontsize=9)
-    fig.tight_layout()
-    return fig
 
 
 def colors(n):

@@ -1,6 +1,7 @@
 """fairseq_feedback_cli.curves: learning curves and markdown rows from toy evaluations and fairseq json logs."""
 
 import json
+import os
 
 import matplotlib.pyplot as plt
 from helpers import error_of
@@ -73,6 +74,28 @@ def test_toy_curves_one_png_and_one_row_per_model(tmp_path, capsys):
                     "| random_walk | feedback | 2000 | 90.0 | 45.0 | 1.00 |",
                     "| random_walk | transformer | 2000 | 45.0 | 22.5 | 1.00 |"]
     assert sorted(p.name for p in (tmp_path / "results").iterdir()) == ["algorithmic3.png", "random_walk.png"]
+
+
+def test_a_family_of_toy_tasks_is_one_figure_with_a_panel_per_task(tmp_path, capsys, monkeypatch):
+    root = tmp_path / "checkpoints" / "toy"
+    for task, kind in (("algorithmic1", "algorithmic"), ("algorithmic2", "algorithmic"), ("counting50", "counting")):
+        for model in ("feedback", "transformer"):
+            (root / task / model).mkdir(parents=True)
+            result = evaluation(kind, 100, 0.5, 0.1, 60)
+            if kind == "counting":
+                result.update(char_acc=result.pop("acc"), seq_acc=result.pop("episode_acc"))
+            (root / task / model / "test.100.json").write_text(json.dumps(result))
+    figures = []
+    monkeypatch.setattr(curves.plots, "save", lambda fig, path, dpi=100: figures.append((fig, os.path.basename(path))))
+    curves.main(["toy", "--out", str(tmp_path / "r"), "--family", "tasks", *map(str, sorted(root.glob("*/*")))])
+    assert len(capsys.readouterr().out.splitlines()) == 2 + 6  # the rows stay one per model
+    [(fig, name)] = figures
+    assert name == "tasks.png" and [ax.get_title() for ax in fig.axes] == ["algorithmic1", "algorithmic2", "counting50"]
+    # each panel its task's metrics, and both models
+    assert [[t.get_text() for t in ax.get_legend().get_texts()][:4] for ax in fig.axes] == \
+        [["feedback", "transformer", "acc", "episode_acc"]] * 2 + [["feedback", "transformer", "char_acc", "seq_acc"]]
+    assert fig._suptitle.get_text() == "tasks"
+    plt.close(fig)
 
 
 def test_bad_inputs_are_one_line(tmp_path):
