@@ -39,9 +39,10 @@ def toy_family(panels, title=""):
     title = "\n".join(textwrap.fill(line, 95) for line in title.splitlines())
     if len(panels) == 1:
         axes[0, 0].set_title(title or next(iter(panels)), fontsize=9)
+        fig.tight_layout()
     else:
         fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
+        fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / fig.get_figheight()))  # room for the suptitle
     return fig
 
 
