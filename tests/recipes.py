@@ -190,7 +190,12 @@ RECIPES = {
                # step of random_walk's models, continuing their checkpoints
                [("UPDATES=50000", "UPDATES=2"), ("EVERY=1000 ", "EVERY=2 "),
                 ("table1 random_walk random_walk  # nothing", "UPDATES=4 table1 random_walk random_walk  # nothing"),
-                ("--out data-raw/toy/$name", "--train 12 --valid 2 --test 3 --out data-raw/toy/$name")],
+                ("--out data-raw/toy/$name", "--train 12 --valid 2 --test 3 --out data-raw/toy/$name"),
+                # Table 1 at CPU scale: the same, with the tiny episodes above
+                ("UPDATES=1000", "UPDATES=2"), ("EVERY=250", "EVERY=2"),
+                ("EPISODES=(--train 10000 --valid 10 --test 500)", "EPISODES=()"),
+                ("LONG=(--train 10000 --valid 10 --test 200)", "LONG=()"),
+                ("LONG1K=(--train 2000 --valid 10 --test 200)", "LONG1K=()")],
                {"fairseq-train": {"add": CPU_TRAIN + TOY_TINY, "set": {"--batch-size": 4, "--tokens-per-sample": 16}},
                 "feedback-evaluate-toy": {"add": ["--cpu"], "set": {"--batch-size": 4}}},
                fresh_save_dirs=False),

@@ -44,7 +44,7 @@ import pytest
 import torch
 import data_prep_fixtures as fx
 from helpers import PLUGIN
-from recipes import ENWIK8_SIZES, RECIPES, TABLE9, TABLE9_CHARACTERS, TABLE9_TOY, Recipe, bash_blocks
+from recipes import ENWIK8_SIZES, RECIPES, TABLE9, TABLE9_CHARACTERS, TABLE9_TOY, Recipe, bash_blocks, table9_dropout
 
 import recipe_shims
 from fairseq_feedback_cli.toy.scoring import METRICS
@@ -510,6 +510,19 @@ def test_debian_docs_recipe(runs, name):
 TOY_MODELS = {"feedback": (4, False), "transformer": (4, True), "transformer8": (8, True)}
 TOY_TABLE1 = {"random_walk": 2, "algorithmic3": 3, "algorithmic5": 3, "copy": 2, "reverse": 2, "counting50": 2,
               "counting1k": 2}  # how many of TOY_MODELS each task trains
+# Table 1 at CPU scale: every row and the algorithmic task's difficulty curve, one size and budget for both models
+TOY_CPU_TASKS = ["copy", "reverse", "counting50", "counting1k", "random_walk", "algorithmic3", "algorithmic5",
+                 "algorithmic1", "algorithmic2", "algorithmic3_50", "algorithmic3_20"]
+TOY_CPU_SEEDS = {task: (2,) for task in TOY_CPU_TASKS}  # task: both models' other seeds
+TOY_CPU = dict(decoder_layers=2, decoder_embed_dim=128, decoder_ffn_embed_dim=512, decoder_attention_heads=4,
+               memory_span=100, **table9_dropout(0.0), tokens_per_sample=64, batch_size=32, lr=[0.001],
+               clip_norm=0.1, warmup_updates=100, lr_scheduler="polynomial_decay", power=0.5,
+               total_num_update="1000", optimizer="adam", arch="feedback_lm_toy", labels="labels")
+
+
+def toy_cpu_models(task):
+    return [f"{model}{suffix}" for seed in (1, *TOY_CPU_SEEDS.get(task, ())) for model in ("feedback", "transformer")
+            for suffix in ["" if seed == 1 else f"_seed{seed}"]]
 
 
 @pytest.mark.slow
@@ -520,25 +533,35 @@ def test_toy_recipe(runs, name):
     steps = {}
     for call in run.calls("fairseq-train"):
         args = parsed_train_args(call)
-        assert {k: getattr(args, k) for k in TABLE9_TOY} == TABLE9_TOY, call["written"]
         save = Path(args.save_dir)
-        assert (args.decoder_layers, args.no_feedback) == TOY_MODELS[save.name]
+        if save.parent.name.startswith("cpu_"):
+            assert {k: getattr(args, k) for k in TOY_CPU} == TOY_CPU, call["written"]
+            assert args.no_feedback == save.name.startswith("transformer")
+            assert args.seed == int(save.name.partition("_seed")[2] or 1)
+        else:
+            assert {k: getattr(args, k) for k in TABLE9_TOY} == TABLE9_TOY, call["written"]
+            assert (args.decoder_layers, args.no_feedback) == TOY_MODELS[save.name]
         steps.setdefault((save.parent.name, save.name), []).append(args.max_update)
     # every model of every task trained and tested at 2 updates; the command run again with 4 trained random_walk's
     # models on from their checkpoints, and nothing else
     updates = {task: [2, 4] if task == "random_walk" else [2] for task in TOY_TABLE1}
-    assert steps == {(task, model): updates[task] for task, n in TOY_TABLE1.items() for model in list(TOY_MODELS)[:n]}
+    for task in TOY_CPU_TASKS:
+        updates[f"cpu_{task}"] = [2]
+    assert steps == {**{(task, model): updates[task] for task, n in TOY_TABLE1.items() for model in list(TOY_MODELS)[:n]},
+                     **{(f"cpu_{task}", model): [2] for task in TOY_CPU_TASKS for model in toy_cpu_models(task)}}
     for task, model in steps:
         save = run.work / "checkpoints" / "toy" / task / model
         results = [json.loads((save / f"test.{u}.json").read_text()) for u in updates[task]]
         assert [r["updates"] for r in results] == updates[task] and all(r["train_seconds"] > 0 for r in results)
         if len(results) > 1:  # the second step continued from the first one's checkpoint
             assert f"Loaded checkpoint {save.relative_to(run.work)}/checkpoint_last.pt (epoch 1 @ 2 updates)" in output
-        table = (run.work / "results" / "toy" / "table1.md").read_text()
+        table = (run.work / "results" / ("toy_cpu" if task.startswith("cpu_") else "toy") / "table1.md").read_text()
         token, episode = (results[-1][m] for m in METRICS[results[-1]["task"]])
         assert f"| {task} | {model} | {updates[task][-1]} | {100 * token:.1f} | {100 * episode:.1f} |" in table
     plots = sorted(p.name for p in (run.work / "results" / "toy").glob("*.png"))
     assert plots == sorted(f"{task}.png" for task in TOY_TABLE1)
+    plots = sorted(p.name for p in (run.work / "results" / "toy_cpu").glob("*.png"))
+    assert plots == ["algorithmic.png", "copy_reverse.png", "counting.png", "random_walk.png"]  # a figure a family
     assert "Traceback" not in output
 
 
